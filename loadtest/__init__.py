@@ -1,0 +1,1 @@
+"""Load and latency measurements against a running streamtts server (loopback only)."""

@@ -1,0 +1,134 @@
+"""Time to first audio and concurrent real-time delivery over the native WebSocket.
+
+    python -m loadtest.first_audio [--url http://127.0.0.1:8000] [--spawn] [--runs 10]
+
+1. TTFA: for each run, open a context, send a 12-word sentence as ``text`` + ``flush`` and time
+   the first audio byte at the client. Prints every run and the median.
+2. Concurrency: N contexts (default 4) on separate sockets speak a paragraph at once; for each,
+   audio seconds received divided by wall seconds from ``text`` to ``done`` (> 1 = faster than
+   real time).
+
+``--spawn`` starts ``streamtts serve`` on a free loopback port for the measurement. Only
+loopback addresses are accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from urllib.parse import urlparse
+
+import orjson
+from websockets.asyncio.client import connect
+
+SENTENCE_12_WORDS = "The quick brown fox jumps over the lazy dog near the river bank."
+PARAGRAPH = (
+    "Streaming speech lets a voice assistant answer while it is still thinking. "
+    "Each sentence is spoken as soon as it is complete, so the listener hears the first words "
+    "almost at once. Several listeners can be served at the same time on one machine."
+)
+SAMPLE_RATE_HZ = 24_000
+BYTES_PER_SAMPLE = 2
+TIMEOUT_S = 120.0
+
+
+async def first_audio_ms(ws_url: str, context: str) -> float:
+    async with connect(ws_url, max_size=None) as ws:
+        await ws.send(orjson.dumps({"type": "start", "context": context}).decode())
+        await ws.recv()  # started
+        sent_s = time.perf_counter()
+        await ws.send(
+            orjson.dumps({"type": "text", "context": context, "text": SENTENCE_12_WORDS}).decode()
+        )
+        await ws.send(orjson.dumps({"type": "flush", "context": context}).decode())
+        while True:
+            frame = await asyncio.wait_for(ws.recv(), TIMEOUT_S)
+            if isinstance(frame, bytes):
+                elapsed_ms = 1000.0 * (time.perf_counter() - sent_s)
+                break
+        await ws.send(orjson.dumps({"type": "cancel", "context": context}).decode())
+        while True:
+            frame = await asyncio.wait_for(ws.recv(), TIMEOUT_S)
+            if isinstance(frame, str) and orjson.loads(frame)["type"] == "done":
+                return elapsed_ms
+
+
+async def realtime_ratio(ws_url: str, context: str) -> dict[str, float]:
+    """Audio seconds delivered per wall second, from sending the text to ``done``."""
+    async with connect(ws_url, max_size=None) as ws:
+        await ws.send(orjson.dumps({"type": "start", "context": context}).decode())
+        await ws.recv()
+        sent_s = time.perf_counter()
+        await ws.send(orjson.dumps({"type": "text", "context": context, "text": PARAGRAPH}).decode())
+        await ws.send(orjson.dumps({"type": "end", "context": context}).decode())
+        audio_bytes = 0
+        first_s = None
+        while True:
+            frame = await asyncio.wait_for(ws.recv(), TIMEOUT_S)
+            if isinstance(frame, bytes):
+                first_s = first_s or time.perf_counter()
+                audio_bytes += len(frame) - 1 - frame[0]
+            elif orjson.loads(frame)["type"] == "done":
+                break
+        wall_s = time.perf_counter() - sent_s
+        audio_s = audio_bytes / BYTES_PER_SAMPLE / SAMPLE_RATE_HZ
+        return {
+            "audio_s": round(audio_s, 2),
+            "wall_s": round(wall_s, 2),
+            "ratio": round(audio_s / wall_s, 2),
+            "first_audio_ms": round(1000 * ((first_s or sent_s) - sent_s), 1),
+        }
+
+
+async def measure(url: str, runs: int, streams: int) -> dict[str, object]:
+    ws_url = url.replace("http://", "ws://").rstrip("/") + "/v1/stream"
+    await first_audio_ms(ws_url, "warm-up")
+    ttfa: list[float] = []
+    for i in range(runs):
+        ttfa.append(await first_audio_ms(ws_url, f"ttfa-{i}"))
+        print(f"  run {i + 1}/{runs}: first audio after {ttfa[-1]:.1f} ms", file=sys.stderr)
+    print(f"  {streams} concurrent streams...", file=sys.stderr)
+    concurrent = await asyncio.gather(
+        *(realtime_ratio(ws_url, f"rt-{i}") for i in range(streams))
+    )
+    return {
+        "ttfa_ms_runs": [round(t, 1) for t in ttfa],
+        "ttfa_ms_p50": round(statistics.median(ttfa), 1),
+        "concurrent_streams": concurrent,
+        "min_realtime_ratio": min(c["ratio"] for c in concurrent),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--spawn", action="store_true", help="start a server for the run")
+    parser.add_argument("--model", default="piper", help="model for --spawn")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--streams", type=int, default=4)
+    args = parser.parse_args(argv)
+    server = None
+    url = args.url
+    if args.spawn:
+        from loadtest.spawn import SpawnedServer
+
+        server = SpawnedServer(args.model)
+        url = server.url
+    host = urlparse(url).hostname or ""
+    if not (host.startswith("127.") or host in ("localhost", "::1")):
+        parser.error("only loopback servers may be measured")
+    try:
+        result = asyncio.run(measure(url, args.runs, args.streams))
+    finally:
+        if server is not None:
+            server.stop()
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from streamtts.cli import main
+
+sys.exit(main())

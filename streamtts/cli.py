@@ -1,0 +1,96 @@
+"""Command line: ``streamtts serve`` and ``streamtts say``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from pathlib import Path
+
+from streamtts.config import Settings, SettingsError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.run(args)
+    except SettingsError as exc:
+        parser.error(str(exc))
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamtts", description="Real-time streaming text-to-speech server."
+    )
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the server (settings also from STREAMTTS_* env)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000)")
+    _add_model(serve)
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(run=_serve)
+
+    say = sub.add_parser("say", help="synthesise text to a WAV file")
+    say.add_argument("text", help="the text to speak")
+    say.add_argument("-o", "--output", type=Path, required=True, help="output .wav file")
+    say.add_argument("--voice", default=None, help="voice id (default: the model's default)")
+    say.add_argument("--speed", type=float, default=1.0)
+    _add_model(say)
+    say.set_defaults(run=_say)
+    return parser
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        help="'piper' (bundled voice, default), 'piper:/path/voice.onnx', a Fish-Speech 1.5 "
+        "checkpoint directory, or 'synthetic:tiny' / 'synthetic:1.5'",
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from streamtts.server.app import create_app
+
+    settings = Settings.from_env(
+        host=args.host, port=args.port, model=args.model, log_level=args.log_level
+    )
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    app = create_app(settings)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        # Frames up to 4x the limit get an `message_too_big` error and the socket stays
+        # usable; beyond that the server closes with 1009 without reading them.
+        ws_max_size=settings.max_ws_message_bytes * 4,
+        ws_ping_interval=20.0,
+        ws_ping_timeout=20.0,
+    )
+    return 0
+
+
+def _say(args: argparse.Namespace) -> int:
+    from streamtts.offline import synthesize_to_wav
+
+    settings = Settings.from_env(model=args.model)
+    started_s = time.perf_counter()
+    seconds = asyncio.run(
+        synthesize_to_wav(settings, args.text, args.output, voice=args.voice, speed=args.speed)
+    )
+    elapsed_s = time.perf_counter() - started_s
+    print(f"wrote {args.output} ({seconds:.2f} s of audio in {elapsed_s:.2f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

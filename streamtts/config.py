@@ -1,0 +1,93 @@
+"""Server settings: one frozen dataclass, read from ``STREAMTTS_*`` environment variables and
+CLI flags (flags win). Every limit has a documented default; see docs/protocol.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+ENV_PREFIX = "STREAMTTS_"
+
+
+class SettingsError(ValueError):
+    """An environment variable or flag has a value of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # "piper" (the bundled voice), "piper:/path/voice.onnx", a Fish-Speech 1.5 checkpoint
+    # directory, or "synthetic:tiny" / "synthetic:1.5".
+    model: str = "piper"
+    log_level: str = "info"
+    # Engine worker threads for CPU voices (Piper runs one synthesis per thread).
+    engine_threads: int = 2
+
+    # Text segmentation (see streamtts.segmenter).
+    first_segment_min_chars: int = 20
+    max_segment_chars: int = 250
+    max_buffer_delay_ms: int = 1500
+
+    # Limits. Exceeding one yields a documented error; see docs/protocol.md.
+    max_ws_message_bytes: int = 1 << 20
+    max_text_per_message_chars: int = 10_000
+    max_text_per_context_chars: int = 100_000
+    max_contexts_per_socket: int = 16
+    max_http_input_chars: int = 4096
+    idle_timeout_s: float = 300.0
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Settings:
+        """Defaults, then ``STREAMTTS_<FIELD>`` variables, then non-None ``overrides``."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f.name, raw, type(getattr(cls(), f.name)))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise SettingsError(f"unknown settings: {sorted(unknown)}")
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise SettingsError(f"{f.name} must be >= 0, got {value}")
+        if not 0 < self.port < 65536:
+            raise SettingsError(f"port must be 1..65535, got {self.port}")
+        if self.engine_threads < 1:
+            raise SettingsError("engine_threads must be >= 1")
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(name: str, raw: str, kind: type) -> Any:
+    try:
+        if kind is bool:
+            lowered = raw.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        return raw
+    except ValueError as exc:
+        raise SettingsError(
+            f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind.__name__}"
+        ) from exc

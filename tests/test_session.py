@@ -1,0 +1,140 @@
+"""The session state machine, without I/O: messages in, effects out."""
+
+from __future__ import annotations
+
+from streamtts.protocol import (
+    AudioFormat,
+    CancelMessage,
+    EndMessage,
+    ErrorCode,
+    FlushMessage,
+    StartMessage,
+    TextMessage,
+)
+from streamtts.segmenter import SegmenterOptions
+from streamtts.session import (
+    CancelContext,
+    Effect,
+    OpenContext,
+    QueueEnd,
+    QueueFlushMark,
+    QueueSegment,
+    Send,
+    Session,
+    SessionLimits,
+)
+
+NOW = 1000.0
+
+
+def make_session(max_contexts: int = 4, max_chars: int = 1000) -> Session:
+    return Session(
+        voices=frozenset({"v1", "v2"}),
+        default_voice="v1",
+        segmenter_options=SegmenterOptions(max_buffer_delay_ms=500),
+        limits=SessionLimits(max_contexts=max_contexts, max_text_per_context_chars=max_chars),
+    )
+
+
+def error_codes(effects: list[Effect]) -> list[str]:
+    return [
+        str(e.message["code"])
+        for e in effects
+        if isinstance(e, Send) and e.message["type"] == "error"
+    ]
+
+
+def test_start_opens_a_context_with_the_default_voice() -> None:
+    session = make_session()
+    effects = session.handle(StartMessage("c"), NOW)
+    assert effects == [OpenContext("c", "v1", AudioFormat(), {})]
+    assert session.active_contexts == 1
+
+
+def test_start_with_alias_and_explicit_voice() -> None:
+    session = make_session()
+    assert session.handle(StartMessage("a", "default"), NOW) == [
+        OpenContext("a", "v1", AudioFormat(), {})
+    ]
+    assert session.handle(StartMessage("b", "v2", options={"speed": 1.2}), NOW) == [
+        OpenContext("b", "v2", AudioFormat(), {"speed": 1.2})
+    ]
+
+
+def test_text_flush_end_flow() -> None:
+    session = make_session()
+    session.handle(StartMessage("c"), NOW)
+    assert session.handle(TextMessage("c", "Hello wor"), NOW) == []
+    assert session.handle(TextMessage("c", "ld"), NOW) == []
+    assert session.handle(FlushMessage("c"), NOW) == [
+        QueueSegment("c", "Hello world"),
+        QueueFlushMark("c"),
+    ]
+    session.handle(TextMessage("c", "Bye"), NOW)
+    assert session.handle(EndMessage("c"), NOW) == [QueueSegment("c", "Bye"), QueueEnd("c")]
+    # Ending: no more text, but the context is counted until the shell reports it finished.
+    assert error_codes(session.handle(TextMessage("c", "more"), NOW)) == ["context_ended"]
+    assert session.active_contexts == 1
+    session.context_finished("c")
+    assert session.active_contexts == 0
+    assert error_codes(session.handle(TextMessage("c", "x"), NOW)) == ["unknown_context"]
+
+
+def test_complete_sentences_are_queued_without_flush() -> None:
+    session = make_session()
+    session.handle(StartMessage("c"), NOW)
+    effects = session.handle(TextMessage("c", "This sentence is long enough to go. And"), NOW)
+    assert effects == [QueueSegment("c", "This sentence is long enough to go.")]
+
+
+def test_cancel_removes_the_context_at_once_and_frees_the_id() -> None:
+    session = make_session()
+    session.handle(StartMessage("c"), NOW)
+    session.handle(TextMessage("c", "Some text"), NOW)
+    assert session.handle(CancelMessage("c"), NOW) == [CancelContext("c")]
+    assert session.active_contexts == 0
+    assert session.handle(StartMessage("c"), NOW) == [OpenContext("c", "v1", AudioFormat(), {})]
+
+
+def test_cancel_is_accepted_while_ending() -> None:
+    session = make_session()
+    session.handle(StartMessage("c"), NOW)
+    session.handle(EndMessage("c"), NOW)
+    assert session.handle(CancelMessage("c"), NOW) == [CancelContext("c")]
+
+
+def test_errors_leave_the_session_usable() -> None:
+    session = make_session(max_contexts=1, max_chars=10)
+    assert error_codes(session.handle(StartMessage("c", "nobody"), NOW)) == ["unknown_voice"]
+    session.handle(StartMessage("c"), NOW)
+    assert error_codes(session.handle(StartMessage("c"), NOW)) == ["context_exists"]
+    assert error_codes(session.handle(StartMessage("d"), NOW)) == ["too_many_contexts"]
+    assert error_codes(session.handle(TextMessage("c", "x" * 11), NOW)) == ["text_too_long"]
+    # The rejected text was not added: ten characters still fit.
+    assert session.handle(TextMessage("c", "abcdefghij"), NOW) == []
+    assert session.handle(FlushMessage("c"), NOW) == [
+        QueueSegment("c", "abcdefghij"),
+        QueueFlushMark("c"),
+    ]
+    for code in (ErrorCode.UNKNOWN_CONTEXT,):
+        assert error_codes(session.handle(FlushMessage("zzz"), NOW)) == [code.value]
+
+
+def test_buffered_text_is_spoken_after_the_maximum_delay() -> None:
+    session = make_session()
+    session.handle(StartMessage("c"), NOW)
+    session.handle(TextMessage("c", "waiting for more words"), NOW)
+    deadline = session.next_deadline_ms()
+    assert deadline is not None and NOW < deadline <= NOW + 500
+    assert session.poll(NOW + 100) == []
+    effects = session.poll(NOW + 600)
+    assert effects and all(isinstance(e, QueueSegment) for e in effects)
+    assert " ".join(e.text for e in effects if isinstance(e, QueueSegment)).startswith("waiting")
+
+
+def test_close_cancels_everything() -> None:
+    session = make_session()
+    session.handle(StartMessage("a"), NOW)
+    session.handle(StartMessage("b"), NOW)
+    assert sorted(session.close(), key=str) == [CancelContext("a"), CancelContext("b")]
+    assert session.active_contexts == 0
