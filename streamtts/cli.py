@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from streamtts.config import Settings, SettingsError
+from streamtts.engine.factory import ModelSpecError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result: int = args.run(args)
-    except SettingsError as exc:
+    except (SettingsError, ModelSpecError) as exc:
         parser.error(str(exc))
     return result
 

@@ -13,6 +13,7 @@ A context id may be reused once its previous context is gone.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -29,7 +30,6 @@ from streamtts.protocol import (
     error,
 )
 from streamtts.segmenter import SegmenterOptions, TextSegmenter
-
 
 DEFAULT_VOICE_ALIAS = "default"
 
@@ -127,11 +127,15 @@ class Session:
         except ProtocolError as exc:
             return [Send(error(exc.code, exc.message, exc.context))]
 
-    def poll(self, now_ms: float) -> list[Effect]:
-        """Emit text held past the maximum buffer delay."""
+    def poll(self, now_ms: float, busy: Collection[str] = ()) -> list[Effect]:
+        """Emit text held past the maximum buffer delay, for contexts not in ``busy``.
+
+        A busy context is still synthesising earlier segments: its listener is not waiting in
+        silence, so its incomplete sentence may keep waiting for the rest of its text.
+        """
         effects: list[Effect] = []
         for ctx in self._contexts.values():
-            if ctx.phase is Phase.OPEN:
+            if ctx.phase is Phase.OPEN and ctx.id not in busy:
                 effects += _queue(ctx.id, ctx.segmenter.poll(now_ms))
         return effects
 

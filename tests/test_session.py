@@ -132,6 +132,14 @@ def test_buffered_text_is_spoken_after_the_maximum_delay() -> None:
     assert " ".join(e.text for e in effects if isinstance(e, QueueSegment)).startswith("waiting")
 
 
+def test_the_delay_waits_while_the_context_is_still_speaking() -> None:
+    session = make_session()
+    session.handle(StartMessage("c"), NOW)
+    session.handle(TextMessage("c", "an unfinished thought"), NOW)
+    assert session.poll(NOW + 600, busy={"c"}) == []
+    assert session.poll(NOW + 700, busy=set()) != []
+
+
 def test_close_cancels_everything() -> None:
     session = make_session()
     session.handle(StartMessage("a"), NOW)

@@ -7,6 +7,7 @@ order. It never touches torch: the engine stream hands back numpy PCM from its o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -74,11 +75,18 @@ class ContextRunner:
         self._first_queued_s: float | None = None
         self._first_audio_s: float | None = None
         self._finished = False
+        self._segments_pending = 0
         self._task = asyncio.create_task(self._run(), name=f"context:{context}")
 
     # ---- called by the socket shell ----
 
+    @property
+    def busy(self) -> bool:
+        """Segments are queued or being synthesised."""
+        return self._segments_pending > 0
+
     def queue_segment(self, text: str) -> None:
+        self._segments_pending += 1
         now = time.perf_counter()
         if self._first_queued_s is None:
             self._first_queued_s = now
@@ -94,26 +102,22 @@ class ContextRunner:
         """Barge-in: stop the engine, drop queued work, then send ``done`` with ``reason``."""
         if self._finished:
             return
-        self._stream.cancel()
-        self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
+        await self._stop_task()
         if not self._finished:  # the task may have sent ``done`` itself just before
             await self._finish(reason)
         self._on_finished(self.context)
 
     async def abandon(self) -> None:
         """The socket is gone: stop everything, send nothing."""
-        self._stream.cancel()
-        self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
+        await self._stop_task()
         self._stream.close()
         self._finished = True
+
+    async def _stop_task(self) -> None:
+        self._stream.cancel()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
 
     # ---- the task ----
 
@@ -123,6 +127,7 @@ class ContextRunner:
                 work = await self._queue.get()
                 if isinstance(work, _Segment):
                     await self._speak(work.text)
+                    self._segments_pending -= 1
                 elif isinstance(work, _FlushMark):
                     await self._send_json(flushed(self.context))
                 else:

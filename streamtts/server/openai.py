@@ -24,7 +24,6 @@ from streamtts.server.stream import segmenter_options
 
 OPENAI_SAMPLE_RATE_HZ = 24_000
 RESPONSE_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
-SUPPORTED_RESPONSE_FORMATS = ("mp3", "opus", "flac", "wav", "pcm")
 OPENAI_VOICES = (
     "alloy", "ash", "ballad", "coral", "echo", "fable", "onyx",
     "nova", "sage", "shimmer", "verse", "marin", "cedar",
@@ -94,13 +93,6 @@ def _validate(body: Any, engine: Engine, settings: Settings) -> dict[str, Any]:
     if fmt not in RESPONSE_FORMATS:
         raise _BadRequest(
             f"'response_format' must be one of {', '.join(RESPONSE_FORMATS)}", "response_format"
-        )
-    if fmt not in SUPPORTED_RESPONSE_FORMATS:
-        raise _BadRequest(
-            f"response_format {fmt!r} is not supported by this server; "
-            f"use one of {', '.join(SUPPORTED_RESPONSE_FORMATS)}",
-            "response_format",
-            "unsupported_value",
         )
     speed = body.get("speed", 1.0)
     if not isinstance(speed, int | float) or isinstance(speed, bool):

@@ -8,8 +8,10 @@ context. All sends on a socket go through one lock so frames never interleave.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -95,7 +97,7 @@ class StreamSocket:
             self._last_activity_s = time.monotonic()
             await self._on_frame(frame)
 
-    async def _on_frame(self, frame: dict[str, Any]) -> None:
+    async def _on_frame(self, frame: Mapping[str, Any]) -> None:
         text = frame.get("text")
         if text is None:
             await self._send_json(
@@ -124,7 +126,8 @@ class StreamSocket:
     async def _tick(self) -> None:
         while not self._closed:
             await asyncio.sleep(POLL_INTERVAL_S)
-            await self._apply(self._session.poll(_now_ms()))
+            busy = [c for c, runner in self._runners.items() if runner.busy]
+            await self._apply(self._session.poll(_now_ms(), busy))
             idle_s = time.monotonic() - self._last_activity_s
             if not self._runners and idle_s > self._settings.idle_timeout_s:
                 await self._close(CloseCode.POLICY, "idle timeout")
@@ -193,10 +196,8 @@ class StreamSocket:
         async with self._send_lock:
             if not self._closed:
                 self._closed = True
-                try:
+                with contextlib.suppress(RuntimeError, OSError):
                     await self._ws.close(code, reason)
-                except (RuntimeError, OSError):
-                    pass
 
 
 async def serve_stream(ws: WebSocket, engine: Engine, settings: Settings) -> None:

@@ -34,7 +34,7 @@ def test_sdk_streams_pcm_with_streaming_response(client: openai.OpenAI) -> None:
     assert len(chunks) > 1  # it streamed rather than arriving as one blob
 
 
-@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "flac"])
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "flac", "aac"])
 def test_container_formats_decode_to_speech_length_audio(client: openai.OpenAI, fmt: str) -> None:
     response = client.audio.speech.create(
         model="tts-1", voice="nova", input="Short test sentence.", response_format=fmt
@@ -59,12 +59,14 @@ def test_models_and_voices(live_server: str, client: openai.OpenAI) -> None:
     [
         ({"model": "tts-1", "voice": "alloy"}, "input"),
         ({"model": "tts-1", "voice": "alloy", "input": "x" * 5000}, "input"),
-        ({"model": "tts-1", "voice": "alloy", "input": "hi", "response_format": "ogg"}, None),
+        ({"model": "tts-1", "voice": "alloy", "input": "hi", "response_format": "ogg"}, "response_format"),
         ({"model": "tts-1", "voice": "alloy", "input": "hi", "speed": 10}, "speed"),
         ({"model": "tts-1", "voice": "nobody", "input": "hi"}, "voice"),
     ],
 )
-def test_bad_requests_get_openai_errors(live_server: str, body: dict[str, object], param: str | None) -> None:
+def test_bad_requests_get_openai_errors(
+    live_server: str, body: dict[str, object], param: str | None
+) -> None:
     response = httpx.post(live_server + "/v1/audio/speech", json=body)
     assert response.status_code == 400
     error = response.json()["error"]

@@ -1,0 +1,65 @@
+"""The command line, run as users run it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_DIR = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streamtts", *args],
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+def read_wav(path: Path) -> tuple[int, np.ndarray]:
+    with wave.open(str(path)) as wav:
+        assert wav.getnchannels() == 1 and wav.getsampwidth() == 2
+        rate = wav.getframerate()
+        samples = np.frombuffer(wav.readframes(wav.getnframes()), "<i2") / 32768
+    return rate, samples
+
+
+def test_say_writes_speech_with_the_bundled_voice(tmp_path: Path) -> None:
+    out = tmp_path / "hello.wav"
+    result = run_cli("say", "Hello there, this is the bundled voice speaking.", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    rate, samples = read_wav(out)
+    assert rate == 22050
+    assert 1.5 < samples.size / rate < 8
+    assert float(np.sqrt(np.mean(samples**2))) > 0.02
+    assert "wrote" in result.stderr
+
+
+def test_say_with_the_synthetic_fish_model(tmp_path: Path) -> None:
+    out = tmp_path / "noise.wav"
+    result = run_cli("say", "three short words", "-o", str(out), "--model", "synthetic:tiny")
+    assert result.returncode == 0, result.stderr
+    rate, samples = read_wav(out)
+    assert rate == 44100
+    assert samples.size == 3 * 9 * 2048
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["say", "x", "-o", "/tmp/x.wav", "--model", "nonsense"], "unknown model"),
+        (["serve", "--port", "99999"], "port must be"),
+    ],
+)
+def test_bad_arguments_fail_clearly(args: list[str], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode != 0
+    assert message in result.stderr
