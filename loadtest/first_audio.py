@@ -63,7 +63,9 @@ async def realtime_ratio(ws_url: str, context: str) -> dict[str, float]:
         await ws.send(orjson.dumps({"type": "start", "context": context}).decode())
         await ws.recv()
         sent_s = time.perf_counter()
-        await ws.send(orjson.dumps({"type": "text", "context": context, "text": PARAGRAPH}).decode())
+        await ws.send(
+            orjson.dumps({"type": "text", "context": context, "text": PARAGRAPH}).decode()
+        )
         await ws.send(orjson.dumps({"type": "end", "context": context}).decode())
         audio_bytes = 0
         first_s = None
@@ -92,9 +94,7 @@ async def measure(url: str, runs: int, streams: int) -> dict[str, object]:
         ttfa.append(await first_audio_ms(ws_url, f"ttfa-{i}"))
         print(f"  run {i + 1}/{runs}: first audio after {ttfa[-1]:.1f} ms", file=sys.stderr)
     print(f"  {streams} concurrent streams...", file=sys.stderr)
-    concurrent = await asyncio.gather(
-        *(realtime_ratio(ws_url, f"rt-{i}") for i in range(streams))
-    )
+    concurrent = await asyncio.gather(*(realtime_ratio(ws_url, f"rt-{i}") for i in range(streams)))
     return {
         "ttfa_ms_runs": [round(t, 1) for t in ttfa],
         "ttfa_ms_p50": round(statistics.median(ttfa), 1),
@@ -104,7 +104,9 @@ async def measure(url: str, runs: int, streams: int) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--spawn", action="store_true", help="start a server for the run")
     parser.add_argument("--model", default="piper", help="model for --spawn")

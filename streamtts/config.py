@@ -27,6 +27,17 @@ class Settings:
     # Engine worker threads for CPU voices (Piper runs one synthesis per thread).
     engine_threads: int = 2
 
+    # Fish-Speech engine. device/dtype "auto": CUDA if present; bf16 where the hardware has it.
+    device: str = "auto"
+    dtype: str = "auto"
+    max_streams: int = 8  # KV-cache slots = concurrent Fish streams
+    context_tokens: int = 4096  # per-stream KV length; the iterative prompt's budget
+    first_chunk_frames: int = 4  # frames before the first audio of a segment (46.4 ms each)
+    chunk_frames: int = 8  # frames per later vocoder chunk
+    prefill_chunk_tokens: int = 128  # prompt tokens prefilled per step between decode steps
+    max_frames_per_segment: int = 1024
+    max_lead_s: float = 6.0  # streams this far ahead of real time yield compute to others
+
     # Text segmentation (see streamtts.segmenter).
     first_segment_min_chars: int = 20
     max_segment_chars: int = 250
@@ -41,9 +52,7 @@ class Settings:
     idle_timeout_s: float = 300.0
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Defaults, then ``STREAMTTS_<FIELD>`` variables, then non-None ``overrides``."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
@@ -66,8 +75,9 @@ class Settings:
                 raise SettingsError(f"{f.name} must be >= 0, got {value}")
         if not 0 < self.port < 65536:
             raise SettingsError(f"port must be 1..65535, got {self.port}")
-        if self.engine_threads < 1:
-            raise SettingsError("engine_threads must be >= 1")
+        for name in ("engine_threads", "max_streams", "first_chunk_frames", "chunk_frames"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be >= 1")
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -67,6 +67,17 @@ class ServerProcess:
 
 
 @pytest.fixture(scope="session")
+def live_fish_server() -> Iterator[str]:
+    """Base URL of a real server running the Fish engine on ``synthetic:tiny`` (noise)."""
+    server = ServerProcess("--model", "synthetic:tiny", env={"STREAMTTS_DTYPE": "fp32"})
+    try:
+        server.wait_ready()
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def live_server() -> Iterator[str]:
     """Base URL of a real server with the bundled voice, shared by the whole test session."""
     server = ServerProcess()

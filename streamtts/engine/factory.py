@@ -20,9 +20,21 @@ def create_engine(settings: Settings) -> Engine:
         path = Path(spec.split(":", 1)[1]).expanduser() if ":" in spec else None
         return PiperEngine(path, threads=settings.engine_threads)
     if spec.startswith("synthetic:") or Path(spec).expanduser().is_dir():
-        raise ModelSpecError(
-            f"model {spec!r}: the Fish-Speech streaming engine is not part of this build yet; "
-            "use --model piper"
+        from streamtts.engine.fish_engine import FishEngine, FishSettings
+
+        return FishEngine(
+            spec,
+            FishSettings(
+                device=settings.device,
+                dtype=settings.dtype,
+                max_streams=settings.max_streams,
+                context_tokens=settings.context_tokens,
+                first_chunk_frames=settings.first_chunk_frames,
+                chunk_frames=settings.chunk_frames,
+                prefill_chunk_tokens=settings.prefill_chunk_tokens,
+                max_frames_per_segment=settings.max_frames_per_segment,
+                max_lead_s=settings.max_lead_s,
+            ),
         )
     raise ModelSpecError(
         f"unknown model {spec!r}: use 'piper', 'piper:/path/voice.onnx', "

@@ -23,6 +23,7 @@ from streamtts.engine.base import (
     UnknownVoiceError,
     VoiceInfo,
 )
+from streamtts.engine.handoff import threadsafe_put
 
 BUNDLED_VOICE_ID = "en_US-joe-medium"
 _END = object()
@@ -113,7 +114,7 @@ class _PiperStream(EngineStream):
             return
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
-        post = _threadsafe_put(loop, queue)
+        post = threadsafe_put(loop, queue)
         job = loop.run_in_executor(self._executor, self._run, text, post)
         try:
             while True:
@@ -149,15 +150,3 @@ class _PiperStream(EngineStream):
 
     def close(self) -> None:
         self.cancel()
-
-
-def _threadsafe_put(
-    loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[object]
-) -> Callable[[object], None]:
-    def post(item: object) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the loop closed while we worked: nobody is listening
-            pass
-
-    return post

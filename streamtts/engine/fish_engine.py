@@ -1,0 +1,300 @@
+"""The Fish-Speech 1.5 streaming engine: the asyncio face of the generator and vocoder threads.
+
+``open_stream`` reserves a KV slot (or refuses at once with ``overloaded``); each
+``synthesize(text)`` submits one segment job and yields PCM as the vocoder thread produces it.
+Nothing here runs torch on the event loop: model loading happens in a thread, and the workers
+own all tensor work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from streamtts.engine.base import (
+    Engine,
+    EngineError,
+    EngineStream,
+    OverloadedError,
+    PcmF32,
+    StreamStats,
+    SynthesisOptions,
+    UnknownVoiceError,
+    VoiceInfo,
+)
+from streamtts.engine.devices import DeviceContext, choose_device, choose_dtype
+from streamtts.engine.fish_models import FishBundle, load_fish_bundle
+from streamtts.engine.generator import GeneratorConfig, GeneratorWorker
+from streamtts.engine.handoff import threadsafe_put
+from streamtts.engine.jobs import ChunkSchedule, SegmentJob, StreamSlot
+from streamtts.engine.vocoder import VocoderWorker
+from streamtts.models.fish.incremental import IncrementalDecoder
+from streamtts.models.fish.prompt import PromptBuilder
+from streamtts.models.fish.sampling import SamplingParams
+from streamtts.models.fish.synthetic import synthetic_frame_budget
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VOICE_ID = "default"
+_END = object()
+
+
+class InvalidOptionsError(EngineError):
+    code = "invalid_field"
+
+
+@dataclass(frozen=True)
+class FishSettings:
+    device: str = "auto"
+    dtype: str = "auto"
+    max_streams: int = 8
+    context_tokens: int = 4096
+    first_chunk_frames: int = 4
+    chunk_frames: int = 8
+    prefill_chunk_tokens: int = 128
+    max_frames_per_segment: int = 1024
+    max_lead_s: float = 6.0
+
+
+class FishEngine(Engine):
+    name = "fish"
+    sample_rate = 44_100
+
+    def __init__(self, spec: str, settings: FishSettings) -> None:
+        self._spec = spec
+        self._settings = settings
+        self._bundle: FishBundle | None = None
+        self._generator: GeneratorWorker | None = None
+        self._vocoder: VocoderWorker | None = None
+        self._fatal: BaseException | None = None
+        self.name = f"fish:{spec}" if spec.startswith("synthetic:") else "fish"
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+        await self._warm_up()
+
+    def _load(self) -> None:
+        s = self._settings
+        device = choose_device(s.device)
+        dtype = choose_dtype(s.dtype, device)
+        log.info("loading %s on %s in %s", self._spec, device, dtype)
+        bundle = load_fish_bundle(self._spec, device, dtype)
+        model = bundle.llm.model
+        context_tokens = min(s.context_tokens, model.config.max_seq_len)
+        cache = model.allocate_cache(s.max_streams + 1, context_tokens)
+        context = DeviceContext(device)
+        tokenizer = bundle.llm.tokenizer
+        self._generator = GeneratorWorker(
+            model,
+            cache,
+            PromptBuilder(tokenizer, model.config.num_codebooks),
+            tokenizer.im_end_id,
+            context,
+            GeneratorConfig(s.prefill_chunk_tokens, context_tokens, s.max_lead_s),
+            self._on_fatal,
+        )
+        decoder = IncrementalDecoder(bundle.decoder, device, dtype)
+        self.sample_rate = decoder.sample_rate
+        self._vocoder = VocoderWorker(decoder, context, self._on_fatal)
+        self._bundle = bundle
+        self._generator.start()
+        self._vocoder.start()
+
+    async def _warm_up(self) -> None:
+        stream = self.open_stream(DEFAULT_VOICE_ID, SynthesisOptions(max_frames_per_segment=8))
+        try:
+            async for _ in stream.synthesize("Warming up."):
+                pass
+        finally:
+            stream.close()
+
+    async def stop(self) -> None:
+        for worker in (self._generator, self._vocoder):
+            if worker is not None:
+                await asyncio.to_thread(worker.stop)
+
+    def _on_fatal(self, exc: BaseException) -> None:
+        self._fatal = exc
+
+    def healthy(self) -> bool:
+        workers = (self._generator, self._vocoder)
+        alive = all(w is not None and w.is_alive() for w in workers)
+        return self._fatal is None and (alive or self._bundle is None)
+
+    # ---- voices and streams ----
+
+    def voices(self) -> list[VoiceInfo]:
+        description = (
+            "synthetic random weights: noise, not speech"
+            if self._spec.startswith("synthetic:")
+            else "the model's own voice (no reference)"
+        )
+        return [VoiceInfo(DEFAULT_VOICE_ID, "Fish-Speech default", "multi", "fish", description)]
+
+    @property
+    def default_voice(self) -> str:
+        return DEFAULT_VOICE_ID
+
+    @property
+    def generator(self) -> GeneratorWorker:
+        if self._generator is None:
+            raise EngineError("engine not started")
+        return self._generator
+
+    @property
+    def decoder(self) -> IncrementalDecoder:
+        if self._vocoder is None:
+            raise EngineError("engine not started")
+        return self._vocoder.decoder
+
+    def open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
+        if voice != DEFAULT_VOICE_ID:
+            raise UnknownVoiceError(f"unknown voice {voice!r}")
+        if self._bundle is None or self._generator is None or self._vocoder is None:
+            raise EngineError("engine not started")
+        if self._fatal is not None:
+            raise EngineError("the engine has failed; see the server log")
+        params = _sampling_params(options)
+        slot = self._generator.acquire()
+        if slot is None:
+            raise OverloadedError(
+                f"all {self._generator.capacity} streams are busy; try again shortly"
+            )
+        s = self._settings
+        schedule = ChunkSchedule(
+            options.first_chunk_frames or s.first_chunk_frames,
+            options.chunk_frames or s.chunk_frames,
+        )
+        return FishStream(
+            generator=self._generator,
+            vocoder=self._vocoder,
+            slot=slot,
+            params=params,
+            schedule=schedule,
+            max_frames=options.max_frames_per_segment or s.max_frames_per_segment,
+            synthetic=self._bundle.synthetic,
+        )
+
+
+def _sampling_params(options: SynthesisOptions) -> SamplingParams:
+    defaults = SamplingParams()
+    try:
+        return SamplingParams(
+            temperature=_or(options.temperature, defaults.temperature),
+            top_p=_or(options.top_p, defaults.top_p),
+            repetition_penalty=_or(options.repetition_penalty, defaults.repetition_penalty),
+        )
+    except ValueError as exc:
+        raise InvalidOptionsError(str(exc)) from exc
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+class FishStream(EngineStream):
+    def __init__(
+        self,
+        generator: GeneratorWorker,
+        vocoder: VocoderWorker,
+        slot: StreamSlot,
+        params: SamplingParams,
+        schedule: ChunkSchedule,
+        max_frames: int,
+        synthetic: bool,
+    ) -> None:
+        self._generator = generator
+        self._vocoder = vocoder
+        self._slot = slot
+        self._voice = vocoder.new_stream()
+        self._params = params
+        self._schedule = schedule
+        self._max_frames = max_frames
+        self._synthetic = synthetic
+        self._post: Callable[[object], None] | None = None
+        self._closed = threading.Event()
+        self.stats = StreamStats()
+
+    @property
+    def slot(self) -> StreamSlot:
+        return self._slot
+
+    @property
+    def params(self) -> SamplingParams:
+        return self._params
+
+    @property
+    def schedule(self) -> ChunkSchedule:
+        return self._schedule
+
+    async def synthesize(self, text: str) -> AsyncIterator[PcmF32]:
+        if self._slot.cancelled.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        post = threadsafe_put(loop, queue)
+        self._post = post
+        self._voice.on_pcm = post
+        self._voice.on_segment_end = lambda: post(_END)
+        self._voice.on_error = post
+        self._generator.submit(self._job(text, post))
+        started_s = time.perf_counter()
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise EngineError(f"synthesis failed: {item}") from item
+                assert isinstance(item, np.ndarray)
+                self.stats.audio_samples += item.size
+                yield item
+            if not self._slot.cancelled.is_set():
+                self.stats.segments += 1
+        finally:
+            self.stats.compute_s += time.perf_counter() - started_s
+
+    def _job(self, text: str, post: Callable[[object], None]) -> SegmentJob:
+        # A synthetic model's random weights would stop at random: it speaks as long as real
+        # speech of this text would take instead (its prefill frame is not vocoded: +1).
+        max_frames = self._max_frames
+        if self._synthetic:
+            max_frames = min(max_frames, synthetic_frame_budget(text) + 1)
+        voice = self._voice
+        vocoder = self._vocoder
+
+        def on_codes(codes: torch.Tensor, final: bool) -> None:
+            vocoder.submit(voice, codes, final)
+
+        return SegmentJob(
+            stream=self._slot,
+            text=text,
+            params=self._params,
+            max_frames=max_frames,
+            stop_on_im_end=not self._synthetic,
+            schedule=self._schedule,
+            on_codes=on_codes,
+            on_error=post,
+        )
+
+    def cancel(self) -> None:
+        self._slot.cancelled.set()
+        self._voice.cancelled.set()
+        self._generator.wake()
+        if self._post is not None:
+            self._post(_END)
+
+    def close(self) -> None:
+        self.cancel()
+        if not self._closed.is_set():
+            self._closed.set()
+            self._generator.release(self._slot)

@@ -1,0 +1,85 @@
+"""Cached left context of causal layers: what makes chunked decoding exact.
+
+A causal layer with receptive width ``W`` (``K - 1`` for a stride-1 conv of effective kernel
+``K``; ``ceil(k / s) - 1`` input columns for a transposed conv) needs only the last ``W`` input
+columns of everything it has seen. Decoding from scratch is the same as starting from ``W``
+zero columns. :class:`LeftContext` carries those columns for every layer of one batched call:
+``past`` in, ``next`` out.
+
+Ragged batches: streams may bring different numbers of new frames. The new frames of stream
+``b`` occupy the first ``frames[b]`` frame slots of the padded time axis (junk after them); since
+every layer is causal the junk never reaches valid outputs, and each stream's next context is
+gathered so that it ends at its own last valid column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class CausalLayer(Protocol):
+    """A layer that keeps ``context_width`` input columns between calls, in ``context_slot``."""
+
+    context_width: int
+    context_slot: int
+    in_channels: int
+
+
+class LeftContext:
+    """Left context of every causal layer for one batched incremental call.
+
+    ``past[i]``: ``[B, C_i, W_i]`` for layer slot ``i``; ``frames[b]``: new code frames of
+    stream ``b`` (the padded time axis holds ``max(frames)`` frames).
+    """
+
+    def __init__(self, past: Sequence[Tensor], frames: Sequence[int]) -> None:
+        self.past = list(past)
+        self.next: list[Tensor] = list(past)
+        self.max_frames = max(frames)
+        self.uniform = all(n == self.max_frames for n in frames)
+        self._frames = list(frames)
+        self._frames_dev: Tensor | None = None  # [B] int64, built on first ragged use
+        self._ranges: dict[int, Tensor] = {}
+
+    def extend(self, slot: int, x: Tensor) -> Tensor:
+        """Prepend layer ``slot``'s cached columns to ``x`` [B, C, T] -> [B, C, W + T]."""
+        past = self.past[slot]  # [B, C, W]
+        width = past.shape[-1]
+        xp = torch.cat((past.to(x.dtype), x), dim=-1)  # [B, C, W + T]
+        self.next[slot] = self._tail(xp, width, x.shape[-1] // self.max_frames)
+        return xp
+
+    def _tail(self, xp: Tensor, width: int, cols_per_frame: int) -> Tensor:
+        """Each stream's last ``width`` valid columns of ``xp`` -> [B, C, W] (a copy)."""
+        if self.uniform:
+            return xp[:, :, xp.shape[-1] - width :].clone()
+        if self._frames_dev is None:
+            self._frames_dev = torch.tensor(self._frames, dtype=torch.int64).to(
+                xp.device, non_blocking=True
+            )
+        cols = self._ranges.get(width)
+        if cols is None:
+            cols = self._ranges[width] = torch.arange(width, device=xp.device)
+        # Stream b's valid columns end at W + frames[b] * cols_per_frame, so its tail starts at
+        # frames[b] * cols_per_frame.
+        start = self._frames_dev * cols_per_frame  # [B]
+        index = (start[:, None] + cols[None, :]).unsqueeze(1)  # [B, 1, W]
+        return xp.gather(2, index.expand(-1, xp.shape[1], -1))  # [B, C, W]
+
+
+def assign_context_slots(root: torch.nn.Module) -> list[tuple[int, int]]:
+    """Number every causal layer under ``root`` that needs context; return ``(C, W)`` per slot.
+
+    Layers are found in ``root.modules()`` order, so slots are stable for a given architecture.
+    """
+    shapes: list[tuple[int, int]] = []
+    for module in root.modules():
+        width = getattr(module, "context_width", 0)
+        if isinstance(width, int) and width > 0:
+            setattr(module, "context_slot", len(shapes))  # noqa: B010
+            shapes.append((int(getattr(module, "in_channels")), width))  # noqa: B009
+    return shapes

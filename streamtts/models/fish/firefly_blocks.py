@@ -1,0 +1,132 @@
+"""Causal building blocks shared by the Firefly encoder and decoder (spec §5.2).
+
+Every layer takes an optional :class:`LeftContext`: without it, the left side is zero padded
+(decoding from scratch, upstream's behaviour); with it, the cached columns of earlier chunks are
+used instead, which makes chunk-by-chunk decoding equal to decoding everything at once.
+Weights are held in plain ``nn.Conv1d`` / ``nn.Linear`` modules so the state-dict names match
+upstream; padding is done here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from streamtts.models.fish.conv_state import LeftContext
+
+LAYER_NORM_EPS = 1e-6
+
+
+class CausalConv1d(nn.Module):
+    """Conv1d padded ``K - stride`` on the left (``K`` = dilated kernel), bias included.
+
+    Upstream's "FishConvNet". One-shot calls also right-pad the minimum needed so the last
+    strided window is complete; streaming calls require stride 1.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        *,
+        stride: int = 1,
+        dilation: int = 1,
+        groups: int = 1,
+    ) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(
+            in_channels, out_channels, kernel_size, stride, dilation=dilation, groups=groups
+        )
+        self.in_channels = in_channels
+        self.stride = stride
+        self.dilation = dilation
+        self.groups = groups
+        self.context_width = (kernel_size - 1) * dilation + 1 - stride
+        self.context_slot = -1
+
+    def forward(self, x: Tensor, ctx: LeftContext | None = None) -> Tensor:
+        """x [B, C_in, T] -> [B, C_out, ceil(T / stride)]."""
+        if ctx is None:
+            extra = -x.shape[-1] % self.stride  # right pad to complete the last window
+            xp = F.pad(x, (self.context_width, extra))
+        else:
+            assert self.stride == 1, "streaming needs stride 1"
+            xp = ctx.extend(self.context_slot, x)  # [B, C_in, W + T]
+        w, b = self.conv.weight, self.conv.bias
+        return F.conv1d(xp, w, b, self.stride, 0, self.dilation, self.groups)
+
+
+class CausalConvTranspose1d(nn.Module):
+    """ConvTranspose1d(k, s) with the last ``k - s`` outputs dropped: T inputs -> T * s outputs.
+
+    Output block ``t`` depends on inputs ``t - ceil(k/s) + 1 .. t``, so streaming keeps the last
+    ``ceil(k/s) - 1`` *input* columns (one for k = 2s, none for k = s) and recomputes their
+    overlap instead of storing partial output sums: that stays exact when a ragged batch has
+    junk columns after a stream's valid ones.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride)
+        self.in_channels = in_channels
+        self.stride = stride
+        self.context_width = -(-kernel_size // stride) - 1
+        self.context_slot = -1
+
+    def forward(self, x: Tensor, ctx: LeftContext | None = None) -> Tensor:
+        """x [B, C_in, T] -> [B, C_out, T * stride]."""
+        width = self.context_width
+        if ctx is None:
+            xp = F.pad(x, (width, 0))  # [B, C_in, W + T]
+        else:
+            xp = ctx.extend(self.context_slot, x) if width else x
+        kernel, stride = self.conv.weight.shape[-1], self.stride
+        if kernel % stride:
+            y = F.conv_transpose1d(xp, self.conv.weight, self.conv.bias, stride)
+            return y[:, :, width * stride : (width + x.shape[-1]) * stride]
+        return self._overlap_add(xp, x.shape[-1])
+
+    def _overlap_add(self, xp: Tensor, frames: int) -> Tensor:
+        """Transposed conv for ``k = R * s`` as one matmul plus an R-term overlap-add.
+
+        Input column ``i`` writes ``R`` blocks of ``s`` samples to output blocks ``i .. i+R-1``,
+        so output block ``t`` sums block ``r`` of input ``t - r``. (torch's CPU kernel for
+        ConvTranspose1d is im2col-based and several times slower at these shapes.)
+        """
+        batch, c_in, _ = xp.shape
+        weight, bias = self.conv.weight, self.conv.bias  # [C_in, C_out, k], [C_out]
+        c_out, kernel = weight.shape[1], weight.shape[2]
+        stride, reps = self.stride, kernel // self.stride
+        flat = weight.reshape(c_in, c_out * kernel)  # [C_in, C_out * k]
+        blocks = torch.matmul(xp.transpose(1, 2), flat)  # [B, W + T, C_out * k]
+        blocks = blocks.view(batch, -1, c_out, reps, stride)  # [B, W + T, C_out, R, s]
+        width = reps - 1
+        y = blocks[:, width : width + frames, :, 0]  # [B, T, C_out, s]
+        for r in range(1, reps):
+            y = y + blocks[:, width - r : width - r + frames, :, r]
+        y = y.permute(0, 2, 1, 3).reshape(batch, c_out, frames * stride)  # [B, C_out, T * s]
+        if bias is not None:
+            y = y + bias[:, None]
+        return y
+
+
+class ConvNeXtBlock(nn.Module):
+    """Causal depthwise conv -> LayerNorm -> MLP (GELU) -> layer scale, plus the residual."""
+
+    def __init__(self, dim: int, kernel_size: int = 7, mlp_ratio: int = 4) -> None:
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, kernel_size, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=LAYER_NORM_EPS)
+        self.pwconv1 = nn.Linear(dim, mlp_ratio * dim)
+        self.pwconv2 = nn.Linear(mlp_ratio * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))  # layer scale
+
+    def forward(self, x: Tensor, ctx: LeftContext | None = None) -> Tensor:
+        """x [B, C, T] -> [B, C, T]."""
+        y: Tensor = self.dwconv(x, ctx).transpose(1, 2)  # [B, T, C]
+        y = self.norm(y)
+        y = self.pwconv2(F.gelu(self.pwconv1(y)))  # [B, T, C]
+        y = (self.gamma * y).transpose(1, 2)  # [B, C, T]
+        return x + y

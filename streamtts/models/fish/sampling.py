@@ -1,0 +1,122 @@
+"""Batched token sampling with upstream Fish-Speech 1.5 semantics (spec §4.2).
+
+Order: repetition penalty over the window → top-p on the *untempered* logits → temperature →
+softmax → exponential race ``argmax(probs / q)``, ``q ~ Exponential(1)``. Everything stays in the
+logits dtype. Upstream holds the parameters as 0-dim float32 tensors; against bf16 logits those
+behave as follows (checked against torch, see tests): ``*`` and ``/`` are computed in float32
+and rounded once to the logits dtype, while the top-p comparison rounds ``p`` to the logits
+dtype first. The batched code below reproduces exactly that with per-sequence ``[B]`` tensors.
+
+With batch 1 the random draws match upstream's: one ``exponential_`` of the logits' shape per
+call, in the logits dtype, from the given (or default) generator. No host synchronisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+MIN_TEMPERATURE = 1e-5
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-sequence sampling settings (upstream API defaults)."""
+
+    temperature: float = 0.7
+    top_p: float = 0.7
+    repetition_penalty: float = 1.2
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 < self.repetition_penalty < 2.0:
+            raise ValueError(f"repetition_penalty must be in (0, 2), got {self.repetition_penalty}")
+        if not 0.0 < self.temperature < 2.0:
+            raise ValueError(f"temperature must be in (0, 2), got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class BatchSampling:
+    """Sampling parameters of a batch as float32 tensors ``[B]`` on the model's device."""
+
+    temperature: torch.Tensor  # [B] float32
+    top_p: torch.Tensor  # [B] float32
+    repetition_penalty: torch.Tensor  # [B] float32
+
+    @classmethod
+    def from_params(
+        cls, params: Sequence[SamplingParams], device: torch.device | str = "cpu"
+    ) -> BatchSampling:
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        return cls(
+            temperature=column([p.temperature for p in params]),
+            top_p=column([p.top_p for p in params]),
+            repetition_penalty=column([p.repetition_penalty for p in params]),
+        )
+
+    def select(self, rows: torch.Tensor) -> BatchSampling:
+        """The parameters of a subset of rows (``rows``: [B'] long)."""
+        return BatchSampling(
+            temperature=self.temperature.index_select(0, rows),
+            top_p=self.top_p.index_select(0, rows),
+            repetition_penalty=self.repetition_penalty.index_select(0, rows),
+        )
+
+
+def apply_repetition_penalty(
+    logits: torch.Tensor, window: torch.Tensor, penalty: torch.Tensor
+) -> torch.Tensor:
+    """Penalise the ids in ``window``: ×r where the logit is < 0, ÷r otherwise.
+
+    logits: [B, V]; window: [B, W] int (duplicates are penalised once); penalty: [B] float32.
+    """
+    index = window.long()  # [B, W]
+    score = logits.gather(-1, index).float()  # [B, W]
+    r = penalty[:, None]  # [B, 1]
+    score = torch.where(score < 0, score * r, score / r).to(logits.dtype)  # [B, W]
+    return logits.scatter(-1, index, score)
+
+
+def top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every logit outside the nucleus of mass ``top_p`` (the top one always stays).
+
+    logits: [B, V]; top_p: [B] float32 (rounded to the logits dtype for the comparison).
+    """
+    sorted_logits, sorted_index = torch.sort(logits, dim=-1, descending=True)  # [B, V]
+    cum_probs = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)  # [B, V]
+    remove_sorted = cum_probs > top_p.to(cum_probs.dtype)[:, None]  # [B, V]
+    remove_sorted[:, 0] = False
+    remove = remove_sorted.scatter(-1, sorted_index, remove_sorted)  # [B, V], vocab order
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """``logits / max(τ, 1e-5)`` computed in float32, rounded to the logits dtype. [B, V]."""
+    tau = temperature.clamp_min(MIN_TEMPERATURE)[:, None]  # [B, 1]
+    return (logits.float() / tau).to(logits.dtype)
+
+
+def exponential_race(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``argmax(probs / q)``, ``q ~ Exponential(1)``: a multinomial draw. [B, V] → [B] int64."""
+    q = torch.empty_like(probs).exponential_(1, generator=generator)  # [B, V]
+    return torch.argmax(probs / q, dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    params: BatchSampling,
+    window: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Draw one id per row. logits: [B, V]; window: [B, W] previous ids or None → [B] int64."""
+    if window is not None:
+        logits = apply_repetition_penalty(logits, window, params.repetition_penalty)
+    logits = top_p_filter(logits, params.top_p)
+    logits = apply_temperature(logits, params.temperature)
+    probs = torch.softmax(logits, dim=-1)  # [B, V]
+    return exponential_race(probs, generator)

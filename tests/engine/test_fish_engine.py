@@ -1,0 +1,201 @@
+"""The Fish streaming engine on ``synthetic:tiny``: batching, cancel, faults, first chunk."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+import torch
+
+from streamtts.engine.base import EngineError, OverloadedError, SynthesisOptions
+from streamtts.engine.fish_engine import FishEngine, FishSettings, FishStream
+from streamtts.engine.jobs import SegmentJob
+
+GREEDY = SynthesisOptions(top_p=1e-4)  # keeps only the top token: sampling is an argmax
+FRAME_SAMPLES = 2048
+TEXTS = [
+    "The first stream says something fairly short.",
+    "A second stream, joining later, talks about trains and rivers and hills.",
+    "Third one.",
+]
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[FishEngine]:
+    engine = FishEngine("synthetic:tiny", FishSettings(dtype="fp32", max_streams=4))
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+def fish_stream(engine: FishEngine, options: SynthesisOptions = GREEDY) -> FishStream:
+    stream = engine.open_stream("default", options)
+    assert isinstance(stream, FishStream)
+    return stream
+
+
+async def speak(stream: FishStream, texts: list[str], delay_s: float = 0.0) -> np.ndarray:
+    await asyncio.sleep(delay_s)
+    pieces = [pcm for text in texts async for pcm in stream.synthesize(text)]
+    return np.concatenate(pieces)
+
+
+def frames_of(stream: FishStream) -> list[torch.Tensor]:
+    """The generated frames of each segment (every other history entry)."""
+    return stream.slot.history[1::2]
+
+
+async def test_concurrent_streams_generate_what_each_would_alone(engine: FishEngine) -> None:
+    alone = []
+    for text in TEXTS:
+        stream = fish_stream(engine)
+        audio = await speak(stream, [text, "And a second segment."])
+        alone.append((frames_of(stream), audio))
+        stream.close()
+
+    streams = [fish_stream(engine) for _ in TEXTS]
+    together = await asyncio.gather(
+        *(
+            speak(s, [text, "And a second segment."], delay_s=0.03 * i)
+            for i, (s, text) in enumerate(zip(streams, TEXTS, strict=True))
+        )
+    )
+    for stream, audio, (frames_alone, audio_alone) in zip(streams, together, alone, strict=True):
+        frames = frames_of(stream)
+        assert len(frames) == len(frames_alone) == 2
+        for got, want in zip(frames, frames_alone, strict=True):
+            assert torch.equal(got, want)
+        assert audio.shape == audio_alone.shape
+        np.testing.assert_allclose(audio, audio_alone, atol=1e-4)
+        stream.close()
+
+
+async def test_synthetic_segments_last_as_long_as_speech(engine: FishEngine) -> None:
+    stream = fish_stream(engine)
+    audio = await speak(stream, ["one two three four five"])
+    stream.close()
+    assert audio.size == 5 * 9 * FRAME_SAMPLES  # 9 frames per word, prefill frame not vocoded
+
+
+async def test_cancel_mid_stream_frees_the_slot_and_others_continue(engine: FishEngine) -> None:
+    generator = engine.generator
+    idle = generator.capacity
+    await wait_for_slots(engine, idle)
+    long_options = SynthesisOptions(top_p=1e-4, max_frames_per_segment=400)
+    victim = fish_stream(engine, long_options)
+    other = fish_stream(engine)
+    assert generator.free_slots == idle - 2
+
+    async def cancel_after_first_audio() -> int:
+        received = 0
+        async for pcm in victim.synthesize(" ".join(["word"] * 60)):
+            received += pcm.size
+            victim.cancel()
+        return received
+
+    victim_samples, other_audio = await asyncio.gather(
+        cancel_after_first_audio(), speak(other, ["The other stream keeps talking."])
+    )
+    assert 0 < victim_samples < 60 * 9 * FRAME_SAMPLES
+    assert other_audio.size == 5 * 9 * FRAME_SAMPLES
+    victim.close()
+    other.close()
+    await wait_for_slots(engine, idle)
+    assert generator.free_slots == idle
+
+
+async def wait_for_slots(engine: FishEngine, free: int) -> None:
+    """Slots are released on the generator thread, a moment after ``close``."""
+    for _ in range(200):
+        if engine.generator.free_slots == free:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_all_slots_busy_is_overloaded_at_once(engine: FishEngine) -> None:
+    await wait_for_slots(engine, engine.generator.capacity)
+    streams = [fish_stream(engine) for _ in range(engine.generator.capacity)]
+    started_s = time.perf_counter()
+    with pytest.raises(OverloadedError):
+        engine.open_stream("default", GREEDY)
+    assert time.perf_counter() - started_s < 0.1
+    for stream in streams:
+        stream.close()
+
+
+async def test_an_exception_in_one_job_fails_only_that_stream(engine: FishEngine) -> None:
+    def inject(job: SegmentJob) -> None:
+        if "explode" in job.text:
+            raise RuntimeError("injected fault")
+
+    engine.generator.before_job_work = inject
+    bad, good = fish_stream(engine), fish_stream(engine)
+    results = await asyncio.gather(
+        speak(bad, ["please explode now"]),
+        speak(good, ["This stream is fine."]),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], EngineError)
+    assert isinstance(results[1], np.ndarray) and results[1].size == 4 * 9 * FRAME_SAMPLES
+    bad.close()
+    good.close()
+    # The engine keeps serving new streams.
+    engine.generator.before_job_work = None
+    after = fish_stream(engine)
+    assert (await speak(after, ["Still working."])).size == 2 * 9 * FRAME_SAMPLES
+    after.close()
+    assert engine.healthy()
+
+
+async def test_first_audio_comes_after_the_first_chunk_not_the_segment(
+    engine: FishEngine,
+) -> None:
+    options = SynthesisOptions(top_p=1e-4, first_chunk_frames=3, chunk_frames=64)
+    stream = fish_stream(engine, options)
+    chunks = []
+    async for pcm in stream.synthesize(" ".join(["word"] * 20)):  # 180 frames
+        chunks.append(pcm.size)
+    stream.close()
+    assert chunks[0] == 3 * FRAME_SAMPLES
+    assert sum(chunks) == 180 * FRAME_SAMPLES
+    assert len(chunks) >= 3
+
+
+async def test_invalid_sampling_options_are_refused(engine: FishEngine) -> None:
+    with pytest.raises(EngineError) as info:
+        engine.open_stream("default", SynthesisOptions(top_p=0.0))
+    assert info.value.code == "invalid_field"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+async def test_a_checkpoint_directory_streams_what_upstream_generates(lang: str) -> None:
+    """The whole engine (shared-prefix KV copy, chunked prefill, batched decode, chunked
+    incremental vocoding) on the upstream-format fixture checkpoint reproduces upstream's
+    greedy fp32 generation and its one-shot vocoder output."""
+    from tests.models.fish.conftest import fixture_dir, load_index
+
+    directory = fixture_dir()
+    index = load_index(directory)
+    entry = index["files"][f"gen_{lang}_fp32_y.npy"]
+    want_frames = np.load(directory / "expected" / f"gen_{lang}_fp32_frames.npy")
+    want_audio = np.load(directory / "expected" / f"gen_{lang}_fp32_audio.npy")
+    engine = FishEngine(str(directory), FishSettings(dtype="fp32", max_streams=2))
+    await engine.start()
+    try:
+        # The fixture's sampling: top_p 1e-4 (argmax of the penalised logits), rep 1.2, τ 0.7.
+        options = SynthesisOptions(
+            top_p=1e-4, temperature=0.7, repetition_penalty=1.2, max_frames_per_segment=24
+        )
+        stream = fish_stream(engine, options)
+        audio = await speak(stream, [index["texts"][lang]])
+        frames = frames_of(stream)[0]
+        stream.close()
+    finally:
+        await engine.stop()
+    assert frames.shape[1] == entry["n_generated"]
+    np.testing.assert_array_equal(frames.numpy(), want_frames)
+    assert audio.shape == want_audio.shape
+    np.testing.assert_allclose(audio, want_audio, atol=1e-4, rtol=0)

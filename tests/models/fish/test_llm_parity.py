@@ -1,0 +1,225 @@
+"""Text-to-semantic model parity with upstream (fixture ``llm_*``, ``fast_*``, ``gen_*`` entries).
+
+Every entry is interpreted from its file name and ``index.json`` metadata; shapes, ids and
+sampling settings come from the fixture, so further fixture sets of this format need no code.
+
+Tolerances: fp32 1e-4 max abs (measured ≤ 5e-7). bf16: measured bit-identical on the reference
+CPU; asserted within :data:`BF16_REL_TOL` of the largest expected magnitude (≈ 2 bf16 ulps) so
+a CPU with other bf16 kernels still passes while any real bug (≥ 0.1) fails.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from streamtts.models.fish.checkpoint import FishLLM, load_fish_llm
+from streamtts.models.fish.generate import generate
+from streamtts.models.fish.prompt import PromptBuilder
+from streamtts.models.fish.sampling import SamplingParams
+from tests.models.fish.conftest import index_entries
+
+FP32_ATOL = 1e-4
+BF16_REL_TOL = 2.0**-6
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+LLM_INPUT_FILE = "llm_input.npy"
+FAST_HIDDEN_FILE = "fast_hidden_in.npy"
+FAST_CODES_FILE = "fast_codes_in.npy"
+
+_models: dict[tuple[Path, str], FishLLM] = {}
+
+
+def model_for(directory: Path, precision: str) -> FishLLM:
+    key = (directory, precision)
+    if key not in _models:
+        _models[key] = load_fish_llm(directory, DTYPES[precision])
+    return _models[key]
+
+
+def precision_of(entry: str) -> str:
+    found = [p for p in DTYPES if f"_{p}" in entry]
+    assert len(found) == 1, f"cannot tell the precision of {entry}"
+    return found[0]
+
+
+def assert_close(got: torch.Tensor, expected: np.ndarray, precision: str) -> None:
+    got_np = got.detach().float().numpy()
+    assert got_np.shape == expected.shape
+    diff = float(np.abs(got_np - expected).max())
+    if precision == "fp32":
+        assert diff <= FP32_ATOL, f"max abs diff {diff}"
+    else:
+        bound = BF16_REL_TOL * max(1.0, float(np.abs(expected).max()))
+        assert diff <= bound, f"max abs diff {diff} > {bound}"
+
+
+def load_expected(directory: Path, entry: str) -> np.ndarray:
+    array: np.ndarray = np.load(directory / "expected" / entry)
+    return array
+
+
+# ---- teacher-forced forward passes ---------------------------------------------------------
+
+_FWD = re.compile(r"llm_fwd_(train|gen|step)_(fp32|bf16)_(logits|hidden|codebook_logits)\.npy")
+
+
+@pytest.mark.parametrize("entry", index_entries("llm_fwd_"))
+def test_forward_matches_upstream(entry: str, fish_fixture_dir: Path) -> None:
+    match = _FWD.fullmatch(entry)
+    assert match, f"unknown llm_fwd entry {entry}"
+    mode, precision, output = match.groups()
+    model = model_for(fish_fixture_dir, precision).model
+    tokens = torch.from_numpy(load_expected(fish_fixture_dir, LLM_INPUT_FILE))  # [1, C+1, T]
+    with torch.no_grad():
+        if mode == "train":
+            result = model.forward_train(tokens)
+            got = {"logits": result.logits, "hidden": result.hidden}.get(output)
+            got = result.codebook_logits[0] if got is None else got[0]
+        elif mode == "gen":
+            cache = model.allocate_cache(2)
+            slow = model.prefill(cache, tokens[0], slot=1, return_all=True)
+            got = slow.logits if output == "logits" else slow.hidden
+        else:
+            cache = model.allocate_cache(1)
+            steps = []
+            slot = torch.tensor([0])
+            for t in range(tokens.shape[-1]):
+                out = model.decode_slow(
+                    cache, tokens[:, :, t : t + 1], slot, torch.tensor([t]), t + 1
+                )
+                steps.append(out.logits[0] if output == "logits" else out.hidden[0])
+            got = torch.stack(steps)
+    expected = load_expected(fish_fixture_dir, entry)
+    if output == "codebook_logits":
+        skipped = (expected == 0).all(axis=(1, 2))
+        np.testing.assert_array_equal((got == 0).all(dim=2).all(dim=1).numpy(), skipped)
+    assert_close(got, expected, precision)
+
+
+@pytest.mark.parametrize("entry", index_entries("fast_logits_"))
+def test_fast_transformer_matches_upstream(entry: str, fish_fixture_dir: Path) -> None:
+    precision = precision_of(entry)
+    model = model_for(fish_fixture_dir, precision).model
+    hidden = torch.from_numpy(load_expected(fish_fixture_dir, FAST_HIDDEN_FILE))  # [N, D]
+    codes = torch.from_numpy(load_expected(fish_fixture_dir, FAST_CODES_FILE))  # [N, C-1]
+    cache = model.allocate_cache(hidden.shape[0])
+    with torch.no_grad():
+        pos0 = model.fast_step(cache, hidden.to(model.dtype), 0)  # [N, K]
+        later = [
+            model.fast_step(cache, model.fast_embeddings(codes[:, k - 1]), k)
+            for k in range(1, codes.shape[1] + 1)
+        ]
+    got = pos0 if "_pos0_" in entry else torch.stack(later, dim=1)
+    assert_close(got, load_expected(fish_fixture_dir, entry), precision)
+
+
+# ---- seeded generation ---------------------------------------------------------------------
+
+_GEN = re.compile(r"gen_(\w+?)_(fp32|bf16)_y\.npy")
+
+
+def parse_generation_call(call: str, texts: dict[str, str]) -> tuple[str, int, int, SamplingParams]:
+    """Text, seed, max_new_tokens and sampling parameters of an upstream generate_long call."""
+
+    def number(name: str) -> float:
+        found = re.search(rf"\b{name}=([0-9.eE+-]+)", call)
+        assert found, f"{name} not in {call!r}"
+        return float(found.group(1))
+
+    text_key = re.search(r"text=texts\['(\w+)'\]", call)
+    seed = re.search(r"torch\.manual_seed\((\d+)\)", call)
+    assert text_key and seed, call
+    assert "prompt_text=[]" in call, "generation fixtures with references are not handled yet"
+    params = SamplingParams(
+        temperature=number("temperature"),
+        top_p=number("top_p"),
+        repetition_penalty=number("repetition_penalty"),
+    )
+    return texts[text_key.group(1)], int(seed.group(1)), int(number("max_new_tokens")), params
+
+
+def run_generation(directory: Path, index: dict[str, Any], entry: str) -> tuple[np.ndarray, Any]:
+    precision = _GEN.fullmatch(entry).group(2)  # type: ignore[union-attr]
+    llm = model_for(directory, precision)
+    text, seed, max_new, params = parse_generation_call(
+        index["files"][entry]["call"], index["texts"]
+    )
+    prompt = PromptBuilder(llm.tokenizer, llm.config.num_codebooks).build(text)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        result = generate(llm.model, prompt, llm.tokenizer.im_end_id, max_new, params)
+    return result.tokens.numpy(), result
+
+
+def first_tie_step(margins: np.ndarray) -> int:
+    """Index of the first generated frame with an exact tie in any sample() call (or N)."""
+    ties = np.flatnonzero((margins == 0).any(axis=1))
+    return int(ties[0]) if ties.size else margins.shape[0]
+
+
+@pytest.mark.parametrize("entry", index_entries("gen_", _GEN.pattern))
+def test_generation_matches_upstream(
+    entry: str, fish_fixture_dir: Path, fish_index: dict[str, Any]
+) -> None:
+    meta = fish_index["files"][entry]
+    expected = load_expected(fish_fixture_dir, entry)
+    got, result = run_generation(fish_fixture_dir, fish_index, entry)
+    prompt_len = meta["prompt_len"]
+    assert result.prompt_len == prompt_len
+    np.testing.assert_array_equal(got[:, :prompt_len], expected[:, :prompt_len])
+    base = entry[: -len("y.npy")]
+    if precision_of(entry) == "fp32":
+        np.testing.assert_array_equal(got, expected)
+        assert result.stopped == meta["stopped_on_im_end"]
+        np.testing.assert_array_equal(
+            result.frames.numpy(), load_expected(fish_fixture_dir, base + "frames.npy")
+        )
+        np.testing.assert_array_equal(
+            result.codes.numpy(), load_expected(fish_fixture_dir, base + "codes.npy")
+        )
+    else:
+        # bf16 has exact ties (margin 0) that any 1-ulp difference may resolve differently:
+        # frames must agree exactly up to the first tie; later frames are not compared.
+        n_exact = first_tie_step(load_expected(fish_fixture_dir, base + "step_margins.npy"))
+        end = prompt_len + n_exact
+        assert got.shape[1] >= end
+        np.testing.assert_array_equal(got[:, :end], expected[:, :end])
+
+
+_STEP = re.compile(r"gen_(\w+?)_(fp32|bf16)_step_(slow|fast)_logits\.npy")
+
+
+@pytest.mark.parametrize("entry", index_entries("gen_", _STEP.pattern))
+def test_generation_step_logits_match_upstream(
+    entry: str, fish_fixture_dir: Path, fish_index: dict[str, Any]
+) -> None:
+    """Teacher-force the upstream frames and compare the raw slow / fast logits of every step."""
+    lang, precision, head = _STEP.fullmatch(entry).groups()  # type: ignore[union-attr]
+    y_entry = f"gen_{lang}_{precision}_y.npy"
+    prompt_len = fish_index["files"][y_entry]["prompt_len"]
+    y = torch.from_numpy(load_expected(fish_fixture_dir, y_entry))  # [C+1, T+N]
+    model = model_for(fish_fixture_dir, precision).model
+    cache = model.allocate_cache(1)
+    slot = torch.tensor([0])
+    slow_logits, fast_logits = [], []
+    with torch.no_grad():
+        out = model.prefill(cache, y[:, :prompt_len], slot=0)
+        logits, hidden = out.logits[None], out.hidden[None]
+        for t in range(prompt_len, y.shape[1]):
+            slow_logits.append(logits[0])
+            frame = y[:, t]  # the frame upstream generated from these logits
+            model.fast_step(cache, hidden, 0)
+            per_codebook = []
+            for k in range(1, model.config.num_codebooks):
+                x = model.fast_embeddings(frame[k : k + 1].long())
+                per_codebook.append(model.fast_step(cache, x, k)[0])
+            fast_logits.append(torch.stack(per_codebook))
+            step = model.decode_slow(cache, frame[None, :, None], slot, torch.tensor([t]), t + 1)
+            logits, hidden = step.logits, step.hidden
+    got = torch.stack(slow_logits if head == "slow" else fast_logits)
+    assert_close(got, load_expected(fish_fixture_dir, entry), precision)
