@@ -63,3 +63,22 @@ def test_bad_arguments_fail_clearly(args: list[str], message: str) -> None:
     result = run_cli(*args)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_bench_reports_every_stage_as_json() -> None:
+    result = run_cli(
+        "bench", "--model", "synthetic:tiny", "--dtype", "fp32", "--repeats", "2", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    import json
+
+    figures = json.loads(result.stdout)
+    for key in (
+        "model", "dtype", "device", "frames_per_s", "ttfa_ms_p50", "vocoder_rtf",
+        "roofline_fraction", "peak_rss_mb", "prefill_64_ms", "prefill_256_ms",
+        "slow_step_ms_b1", "fast_ms_b16", "memory_bandwidth_gb_s",
+    ):  # fmt: skip
+        assert key in figures, key
+    assert figures["model"] == "synthetic:tiny" and figures["dtype"] == "float32"
+    assert figures["frames_per_s"] > 0 and figures["roofline_fraction"] > 0
+    assert "prefill 64 tokens" in result.stderr  # progress while it runs

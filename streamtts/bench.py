@@ -1,0 +1,242 @@
+"""``streamtts bench``: per-stage figures of the Fish engine against this machine's limits.
+
+Stages: prefill (64 and 256 tokens), the slow transformer step and the fast (codebook)
+transformer at batch 1/4/16, the vocoder's real-time factor, and end to end through the engine:
+frames per second at batch 1 and time to first audio. The roofline: the bytes of weights a
+decode step must read (slow layers and head once, fast layers once per codebook position)
+divided by this machine's measured memory bandwidth, against the measured step time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from streamtts.engine.base import SynthesisOptions
+from streamtts.engine.devices import choose_device, choose_dtype
+from streamtts.engine.fish_engine import FishEngine, FishSettings
+from streamtts.models.fish.generate import RepetitionWindows, decode_step, sample_frame
+from streamtts.models.fish.llama import DualARTransformer, KVCache
+from streamtts.models.fish.sampling import BatchSampling, SamplingParams
+
+FRAMES_PER_S_REALTIME = 44_100 / 2048
+SENTENCE_60_CHARS = "The weather is lovely today, so let us walk down to the sea."
+BANDWIDTH_BYTES = 1 << 30
+KV_POSITION = 256  # decode steps are timed with this many cached positions
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    model: str = "synthetic:1.5"
+    device: str = "auto"
+    dtype: str = "auto"
+    repeats: int = 5
+    batches: tuple[int, ...] = (1, 4, 16)
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def median_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        started_s = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(1000.0 * (time.perf_counter() - started_s))
+    return statistics.median(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_bandwidth_gb_s(device: torch.device) -> float:
+    """Read bandwidth: summing a 1 GiB tensor (median of 5)."""
+    x = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32, device=device)
+    ms = median_ms(lambda: x.sum(), 5, device)
+    return BANDWIDTH_BYTES / (ms / 1000) / 1e9
+
+
+def weight_bytes_per_step(model: DualARTransformer) -> dict[str, int]:
+    """Bytes of weights one decode step reads: slow layers + norm + head once; the fast layers,
+    norm and head once per codebook position; embedding tables only a row each (ignored)."""
+
+    def size(modules: list[torch.nn.Module]) -> int:
+        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+    slow = size([*model.layers, model.norm] + ([model.output] if model.output else []))
+    fast = size([*model.fast_layers, model.fast_norm, model.fast_output])
+    positions = model.config.num_codebooks
+    return {"slow": slow, "fast": fast * positions, "total": slow + fast * positions}
+
+
+class StageBench:
+    def __init__(self, model: DualARTransformer, options: BenchOptions) -> None:
+        self.model = model
+        self.options = options
+        self.device = model.device
+        slots = max(options.batches)
+        self.cache: KVCache = model.allocate_cache(slots, min(1024, model.config.max_seq_len))
+        self.windows = RepetitionWindows(slots, model.config.num_codebooks + 1, self.device)
+
+    def prefill_ms(self, tokens: int) -> float:
+        prompt = torch.randint(0, 500, (self.model.config.num_codebooks + 1, tokens))
+        prompt = prompt.to(self.device)
+        return median_ms(lambda: self.model.prefill(self.cache, prompt, 0, 0), 3, self.device)
+
+    def _batch(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        frames = torch.zeros(batch, self.model.config.num_codebooks + 1, dtype=torch.int32)
+        frames[:, 0] = self.model.semantic_begin_id + 7
+        slots = torch.arange(batch)
+        positions = torch.full((batch,), KV_POSITION)
+        return frames.to(self.device), slots.to(self.device), positions.to(self.device)
+
+    def slow_step_ms(self, batch: int) -> float:
+        frames, slots, positions = self._batch(batch)
+        return median_ms(
+            lambda: self.model.decode_slow(
+                self.cache, frames[:, :, None], slots, positions, KV_POSITION + 1
+            ),
+            self.options.repeats,
+            self.device,
+        )
+
+    def fast_ms(self, batch: int) -> float:
+        """The codebook transformer and sampling for one frame per row."""
+        hidden = torch.randn(batch, self.model.config.dim, device=self.device)
+        hidden = hidden.to(self.model.dtype)
+        logits = torch.randn(batch, self.model.config.vocab_size, device=self.device)
+        logits = logits.to(self.model.dtype)
+        sampling = BatchSampling.from_params([SamplingParams()] * batch, self.device)
+        return median_ms(
+            lambda: sample_frame(self.model, self.cache, logits, hidden, sampling),
+            self.options.repeats,
+            self.device,
+        )
+
+    def step_ms(self, batch: int) -> float:
+        frames, slots, positions = self._batch(batch)
+        sampling = BatchSampling.from_params([SamplingParams()] * batch, self.device)
+        windows = self.windows.gather(slots)
+        return median_ms(
+            lambda: decode_step(
+                self.model,
+                self.cache,
+                frames,
+                slots,
+                positions,
+                KV_POSITION + 1,
+                windows,
+                sampling,
+            ),
+            self.options.repeats,
+            self.device,
+        )
+
+
+def vocoder_rtf(engine: FishEngine, chunk_frames: int = 8, chunks: int = 4) -> float:
+    decoder = engine.decoder
+    codes = torch.randint(0, 1000, (decoder.n_codebooks, chunk_frames * chunks))
+    state = decoder.new_state()
+    decoder.decode([state], [codes[:, :chunk_frames]])  # warm-up
+    started_s = time.perf_counter()
+    for i in range(chunks):
+        decoder.decode([state], [codes[:, i * chunk_frames : (i + 1) * chunk_frames]])
+    _sync(decoder.device)
+    audio_s = codes.shape[1] * decoder.samples_per_frame / decoder.sample_rate
+    return (time.perf_counter() - started_s) / audio_s
+
+
+async def end_to_end(engine: FishEngine, repeats: int) -> dict[str, float]:
+    """Frames/s for one stream speaking a paragraph, and TTFA of a 60-character sentence."""
+    stream = engine.open_stream("default", SynthesisOptions())
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    started_s = time.perf_counter()
+    samples = 0
+    async for pcm in stream.synthesize(text):
+        samples += pcm.size
+    wall_s = time.perf_counter() - started_s
+    stream.close()
+    ttfa = []
+    for _ in range(repeats):
+        stream = engine.open_stream("default", SynthesisOptions())
+        started_s = time.perf_counter()
+        async for _pcm in stream.synthesize(SENTENCE_60_CHARS):
+            ttfa.append(1000.0 * (time.perf_counter() - started_s))
+            break
+        stream.close()
+    frames = samples / engine.decoder.samples_per_frame
+    return {"frames_per_s": frames / wall_s, "ttfa_ms_p50": statistics.median(ttfa)}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def run_bench(options: BenchOptions) -> dict[str, Any]:
+    device = choose_device(options.device)
+    dtype = choose_dtype(options.dtype, device)
+    progress(f"bench: {options.model} on {device} in {dtype}; loading ...")
+    engine = FishEngine(options.model, FishSettings(device=options.device, dtype=options.dtype))
+    started_s = time.perf_counter()
+    await engine.start()
+    load_s = time.perf_counter() - started_s
+    model = engine.generator.model
+    stages = StageBench(model, options)
+    result: dict[str, Any] = {
+        "model": options.model,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "load_s": round(load_s, 1),
+    }
+    with torch.inference_mode():
+        for tokens in (64, 256):
+            progress(f"  prefill {tokens} tokens ...")
+            result[f"prefill_{tokens}_ms"] = round(stages.prefill_ms(tokens), 1)
+        for batch in options.batches:
+            progress(f"  batch {batch}: slow step, fast transformer, whole step ...")
+            result[f"slow_step_ms_b{batch}"] = round(stages.slow_step_ms(batch), 1)
+            result[f"fast_ms_b{batch}"] = round(stages.fast_ms(batch), 1)
+            result[f"step_ms_b{batch}"] = round(stages.step_ms(batch), 1)
+            per_s = 1000.0 * batch / result[f"step_ms_b{batch}"]
+            result[f"decode_frames_per_s_b{batch}"] = round(per_s, 1)
+        progress("  vocoder ...")
+        result["vocoder_rtf"] = round(vocoder_rtf(engine), 3)
+        progress("  memory bandwidth ...")
+        bandwidth = memory_bandwidth_gb_s(device)
+    progress("  end to end ...")
+    e2e = await end_to_end(engine, options.repeats)
+    await engine.stop()
+    weights = weight_bytes_per_step(model)
+    roofline_ms = weights["total"] / (bandwidth * 1e9) * 1000
+    result.update(
+        {
+            "frames_per_s": round(e2e["frames_per_s"], 1),
+            "realtime_factor_b1": round(FRAMES_PER_S_REALTIME / e2e["frames_per_s"], 3),
+            "ttfa_ms_p50": round(e2e["ttfa_ms_p50"], 1),
+            "memory_bandwidth_gb_s": round(bandwidth, 1),
+            "weight_bytes_per_step": weights["total"],
+            "roofline_step_ms": round(roofline_ms, 1),
+            "roofline_fraction": round(roofline_ms / result["step_ms_b1"], 3),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+        }
+    )
+    return result
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    return asyncio.run(run_bench(options))

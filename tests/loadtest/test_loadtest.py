@@ -1,0 +1,59 @@
+"""The load-test client's bookkeeping, and one bounded run against a real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtest.__main__ import percentile
+from loadtest.clients import PlaybackClock
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+
+
+def test_playback_clock_counts_a_gap_as_one_underrun() -> None:
+    clock = PlaybackClock()
+    clock.on_audio(10.0, 1.0)  # 1 s of audio at t=10: playback starts
+    clock.on_audio(10.5, 1.0)  # on time: 0.5 s still buffered
+    assert clock.underruns == 0 and clock.min_lead_s == pytest.approx(0.5)
+    clock.on_audio(12.5, 1.0)  # the 2 s ran out at t=12: half a second of silence
+    assert clock.underruns == 1
+    assert clock.paused_s == pytest.approx(0.5)
+    clock.on_audio(12.6, 1.0)  # playback resumed at 12.5: 0.9 s ahead now
+    assert clock.underruns == 1
+    assert clock.received_s == pytest.approx(4.0)
+
+
+def test_percentile_is_nearest_rank() -> None:
+    assert percentile([], 50) is None
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([float(i) for i in range(1, 101)], 95) == 95.0
+
+
+def test_a_bounded_run_against_a_live_server(live_fish_server: str, tmp_path: Path) -> None:
+    out_json, out_png = tmp_path / "lt.json", tmp_path / "lt.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest", "--url", live_fish_server, "--levels", "1", "2",
+         "--utterances", "1", "--cadence-ms", "5", "--json", str(out_json), "--png", str(out_png)],
+        cwd=REPO_DIR, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out_json.read_text())["levels"]
+    assert [r["clients"] for r in rows] == [1, 2]
+    assert all(r["errors"] == 0 and r["utterances"] == r["clients"] for r in rows)
+    assert all(r["ttfa_ms_p50"] is not None and r["audio_s"] > 0 for r in rows)
+    assert out_png.stat().st_size > 10_000
+    assert "TTFA p50" in result.stdout
+
+
+def test_refuses_non_loopback_targets() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest", "--url", "http://192.0.2.1:8000"],
+        cwd=REPO_DIR, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "loopback" in result.stderr
