@@ -15,18 +15,9 @@ gathered so that it ends at its own last valid column.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import torch
 from torch import Tensor
-
-
-class CausalLayer(Protocol):
-    """A layer that keeps ``context_width`` input columns between calls, in ``context_slot``."""
-
-    context_width: int
-    context_slot: int
-    in_channels: int
 
 
 class LeftContext:
@@ -74,7 +65,9 @@ class LeftContext:
 def assign_context_slots(root: torch.nn.Module) -> list[tuple[int, int]]:
     """Number every causal layer under ``root`` that needs context; return ``(C, W)`` per slot.
 
-    Layers are found in ``root.modules()`` order, so slots are stable for a given architecture.
+    A causal layer is any module with ``context_width`` (W, columns kept), ``in_channels`` (C)
+    and a writable ``context_slot``. Layers are found in ``root.modules()`` order, so slots are
+    stable for a given architecture.
     """
     shapes: list[tuple[int, int]] = []
     for module in root.modules():

@@ -72,7 +72,10 @@ def load_firefly(
     config: VocoderConfig | None = None,
     with_encoder: bool = True,
 ) -> Firefly:
-    """Load a generator ``.pth`` (or a directory holding one) in fp32, eval mode.
+    """Load a generator ``.pth`` (or a directory holding one) in fp32, eval mode, no grads.
+
+    Weights of any stored dtype are loaded as fp32 (the released file is fp32); use
+    :class:`~streamtts.models.fish.incremental.IncrementalDecoder` for bf16 decoding.
 
     ``config``: defaults to ``vocoder_config.json`` beside the weights, else the released one.
     """

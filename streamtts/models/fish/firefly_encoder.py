@@ -141,10 +141,12 @@ def encoder_key(key: str) -> str | None:
 def to_codec_input(audio: npt.ArrayLike, sample_rate: int, target_rate: int) -> Tensor:
     """Any audio -> mono fp32 [L] at ``target_rate`` Hz.
 
-    ``audio``: ``[L]`` or ``[L, channels]`` (soundfile's layout); integer PCM is scaled to
-    [-1, 1). Channels are averaged, then resampled with soxr.
+    ``audio``: ``[L]`` or ``[L, channels]`` (soundfile's layout), float or *signed* integer
+    PCM (scaled to [-1, 1)). Channels are averaged, then resampled with soxr.
     """
     x = np.asarray(audio)
+    if np.issubdtype(x.dtype, np.unsignedinteger):
+        raise ValueError("unsigned integer PCM is not supported")
     if np.issubdtype(x.dtype, np.integer):
         x = x.astype(np.float32) / float(np.iinfo(x.dtype).max + 1)
     x = x.astype(np.float32, copy=False)

@@ -176,3 +176,16 @@ def test_state_shapes(decoder: IncrementalDecoder, firefly: Firefly) -> None:
     # conv_pre (k13) keeps 12 columns; a k11 d5 resblock conv keeps 50; the ConvNeXt dwconv 6.
     assert 12 in widths and 50 in widths and 6 in widths
     assert len(state.context) == len(firefly.decoder.context_shapes)
+
+
+def test_receptive_field_is_15_frames(firefly: Firefly) -> None:
+    """Spec §5.7: the audio of frame t depends on frames t-15 .. t only (what makes caching
+    bounded state sufficient)."""
+    codes = random_codes(24, seed=14)
+    changed = codes.clone()
+    changed[:, 3] = (changed[:, 3] + 1) % 1000
+    diff = (one_shot(firefly, codes) - one_shot(firefly, changed)).abs().view(24, 2048)
+    per_frame = diff.max(dim=1).values
+    assert float(per_frame[:3].max()) == 0.0  # causal: nothing before the change moves
+    assert float(per_frame[3 + 15]) > 0.0
+    assert float(per_frame[3 + 16 :].max()) == 0.0
