@@ -8,6 +8,7 @@ two threads overlap through torch's GIL-free kernels.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -23,9 +24,12 @@ class DeviceContext:
         return self.device.type == "cuda"
 
     @contextlib.contextmanager
-    def worker_stream(self, name: str) -> Iterator[None]:
-        """Run the calling thread's work on a stream of its own (CUDA) or as is (CPU)."""
+    def worker_stream(self, name: str, cpu_threads: int = 0) -> Iterator[None]:
+        """Run the calling thread's work on a stream of its own (CUDA), or on the CPU with
+        ``cpu_threads`` intra-op threads for this thread (0: torch's default)."""
         if not self.is_cuda:
+            if cpu_threads > 0:
+                torch.set_num_threads(cpu_threads)  # per calling thread (OpenMP)
             yield
             return
         torch.cuda.set_device(self.device)
@@ -48,6 +52,13 @@ class DeviceContext:
         stream.wait_event(event)
         for tensor in tensors:
             tensor.record_stream(stream)
+
+
+def default_cpu_threads(worker: str) -> int:
+    """The generator is memory-bound and needs every core; the vocoder, a fraction of the
+    time per frame, takes half, so the two threads do not oversubscribe the cores."""
+    cores = os.cpu_count() or 1
+    return cores if worker == "generator" else max(1, cores // 2)
 
 
 def choose_device(requested: str) -> torch.device:

@@ -29,7 +29,12 @@ from streamtts.engine.base import (
     UnknownVoiceError,
     VoiceInfo,
 )
-from streamtts.engine.devices import DeviceContext, choose_device, choose_dtype
+from streamtts.engine.devices import (
+    DeviceContext,
+    choose_device,
+    choose_dtype,
+    default_cpu_threads,
+)
 from streamtts.engine.fish_models import FishBundle, load_fish_bundle
 from streamtts.engine.generator import GeneratorConfig, GeneratorWorker
 from streamtts.engine.handoff import threadsafe_put
@@ -61,6 +66,8 @@ class FishSettings:
     prefill_chunk_tokens: int = 128
     max_frames_per_segment: int = 1024
     max_lead_s: float = 6.0
+    generator_threads: int = 0  # CPU intra-op threads per worker; 0: chosen from the cores
+    vocoder_threads: int = 0
 
 
 class FishEngine(Engine):
@@ -99,12 +106,22 @@ class FishEngine(Engine):
             PromptBuilder(tokenizer, model.config.num_codebooks),
             tokenizer.im_end_id,
             context,
-            GeneratorConfig(s.prefill_chunk_tokens, context_tokens, s.max_lead_s),
+            GeneratorConfig(
+                s.prefill_chunk_tokens,
+                context_tokens,
+                s.max_lead_s,
+                s.generator_threads or default_cpu_threads("generator"),
+            ),
             self._on_fatal,
         )
         decoder = IncrementalDecoder(bundle.decoder, device, dtype)
         self.sample_rate = decoder.sample_rate
-        self._vocoder = VocoderWorker(decoder, context, self._on_fatal)
+        self._vocoder = VocoderWorker(
+            decoder,
+            context,
+            self._on_fatal,
+            s.vocoder_threads or default_cpu_threads("vocoder"),
+        )
         self._bundle = bundle
         self._generator.start()
         self._vocoder.start()

@@ -40,6 +40,7 @@ class GeneratorConfig:
     # A stream whose audio runs this far ahead of real time sits out decode steps while others
     # need compute.
     max_lead_s: float = 6.0
+    cpu_threads: int = 0  # intra-op threads of this worker on CPU (0: torch's default)
 
 
 @dataclass(frozen=True)
@@ -134,15 +135,25 @@ class GeneratorWorker:
         self._inbox.put(_Wake())
 
     def release(self, stream: StreamSlot) -> None:
-        """The stream is closed: drop its work and free its slot (on the worker thread)."""
+        """The stream is closed: its slot is free at once, its work dropped.
+
+        Safe to reuse the slot immediately: the cancelled stream's jobs are skipped from the
+        next iteration on, and the worker takes this release before any job submitted later,
+        which re-prefills the slot from the shared prefix anyway.
+        """
         stream.cancelled.set()
         self._inbox.put(_Release(stream))
+        with self._slots_lock:
+            self._free_slots.append(stream.slot)
 
     # ---- the thread ----
 
     def _main(self) -> None:
         try:
-            with self._device.worker_stream("generator"), torch.inference_mode():
+            with (
+                self._device.worker_stream("generator", self._config.cpu_threads),
+                torch.inference_mode(),
+            ):
                 self._prefill_prefix()
                 while self._take_commands():
                     self._iterate()
@@ -171,8 +182,6 @@ class GeneratorWorker:
                 self._jobs.append(command.job)
             elif isinstance(command, _Release):
                 self._drop_stream(command.stream)
-                with self._slots_lock:
-                    self._free_slots.append(command.stream.slot)
 
     def _drop_stream(self, stream: StreamSlot) -> None:
         self._jobs = [j for j in self._jobs if j.stream is not stream]
