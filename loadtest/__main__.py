@@ -21,9 +21,9 @@ import statistics
 import sys
 import time
 from typing import Any
-from urllib.parse import urlparse
 
 from loadtest.clients import ClientResult, run_client
+from loadtest.spawn import add_target_arguments, target_server
 
 TEXTS = [
     "Sure, I can help with that. The train to the city leaves at half past nine, and the trip "
@@ -135,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--spawn", action="store_true", help="start a server for the run")
-    parser.add_argument("--model", default="piper", help="model for --spawn")
+    add_target_arguments(parser)
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--utterances", type=int, default=2, help="per client")
     parser.add_argument("--cadence-ms", type=float, default=40.0)
@@ -145,21 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="loadtest.json")
     parser.add_argument("--png", default="loadtest.png")
     args = parser.parse_args(argv)
-    server = None
-    url = args.url
-    if args.spawn:
-        from loadtest.spawn import SpawnedServer
-
-        server = SpawnedServer(args.model)
-        url = server.url
-    host = urlparse(url).hostname or ""
-    if not (host.startswith("127.") or host in ("localhost", "::1")):
-        parser.error("only loopback servers may be load-tested")
-    try:
+    with target_server(args, parser) as url:
         rows = asyncio.run(run(url, args))
-    finally:
-        if server is not None:
-            server.stop()
     print(table(rows))
     result = {"url": url, "model": args.model if args.spawn else None, "levels": rows}
     with open(args.json, "w", encoding="utf-8") as out:

@@ -111,6 +111,9 @@ async def overlap(engine: FishEngine, frames: int) -> dict[str, float]:
         if final:
             done.get_loop().call_soon_threadsafe(done.set_result, time.perf_counter())
 
+    def on_error(exc: BaseException) -> None:
+        done.get_loop().call_soon_threadsafe(done.set_exception, exc)
+
     job = SegmentJob(
         stream=slot,
         text=text,
@@ -119,7 +122,7 @@ async def overlap(engine: FishEngine, frames: int) -> dict[str, float]:
         stop_on_im_end=False,
         schedule=stream.schedule,
         on_codes=on_codes,
-        on_error=lambda exc: done.get_loop().call_soon_threadsafe(done.set_exception, exc),
+        on_error=on_error,
     )
     started_s = time.perf_counter()
     generator.submit(job)

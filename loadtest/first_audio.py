@@ -20,10 +20,11 @@ import json
 import statistics
 import sys
 import time
-from urllib.parse import urlparse
 
 import orjson
 from websockets.asyncio.client import connect
+
+from loadtest.spawn import add_target_arguments, target_server
 
 SENTENCE_12_WORDS = "The quick brown fox jumps over the lazy dog near the river bank."
 PARAGRAPH = (
@@ -107,27 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--spawn", action="store_true", help="start a server for the run")
-    parser.add_argument("--model", default="piper", help="model for --spawn")
+    add_target_arguments(parser)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--streams", type=int, default=4)
     args = parser.parse_args(argv)
-    server = None
-    url = args.url
-    if args.spawn:
-        from loadtest.spawn import SpawnedServer
-
-        server = SpawnedServer(args.model)
-        url = server.url
-    host = urlparse(url).hostname or ""
-    if not (host.startswith("127.") or host in ("localhost", "::1")):
-        parser.error("only loopback servers may be measured")
-    try:
+    with target_server(args, parser) as url:
         result = asyncio.run(measure(url, args.runs, args.streams))
-    finally:
-        if server is not None:
-            server.stop()
     print(json.dumps(result, indent=2))
     return 0
 

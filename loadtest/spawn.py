@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from urllib.parse import urlparse
 
 READY_TIMEOUT_S = 120.0
 
@@ -42,3 +46,25 @@ class SpawnedServer:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="a loopback server")
+    parser.add_argument("--spawn", action="store_true", help="start a server for the run")
+    parser.add_argument("--model", default="piper", help="model for --spawn")
+
+
+@contextlib.contextmanager
+def target_server(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Iterator[str]:
+    """The base URL to measure: ``--url`` (loopback only) or a server spawned for the run."""
+    if not args.spawn:
+        host = urlparse(args.url).hostname or ""
+        if not (host.startswith("127.") or host in ("localhost", "::1")):
+            parser.error("only loopback servers may be measured")
+        yield args.url
+        return
+    server = SpawnedServer(args.model)
+    try:
+        yield server.url
+    finally:
+        server.stop()

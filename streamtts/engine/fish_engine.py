@@ -12,10 +12,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from streamtts.engine.base import (
@@ -37,7 +36,7 @@ from streamtts.engine.devices import (
 )
 from streamtts.engine.fish_models import FishBundle, load_fish_bundle
 from streamtts.engine.generator import GeneratorConfig, GeneratorWorker
-from streamtts.engine.handoff import threadsafe_put
+from streamtts.engine.handoff import PcmHandoff
 from streamtts.engine.jobs import ChunkSchedule, SegmentJob, StreamSlot
 from streamtts.engine.vocoder import VocoderWorker
 from streamtts.models.fish.incremental import IncrementalDecoder
@@ -48,7 +47,6 @@ from streamtts.models.fish.synthetic import synthetic_frame_budget
 log = logging.getLogger(__name__)
 
 DEFAULT_VOICE_ID = "default"
-_END = object()
 
 
 class InvalidOptionsError(EngineError):
@@ -237,7 +235,7 @@ class FishStream(EngineStream):
         self._schedule = schedule
         self._max_frames = max_frames
         self._synthetic = synthetic
-        self._post: Callable[[object], None] | None = None
+        self._handoff: PcmHandoff | None = None
         self._closed = threading.Event()
         self.stats = StreamStats()
 
@@ -256,31 +254,22 @@ class FishStream(EngineStream):
     async def synthesize(self, text: str) -> AsyncIterator[PcmF32]:
         if self._slot.cancelled.is_set():
             return
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        post = threadsafe_put(loop, queue)
-        self._post = post
-        self._voice.on_pcm = post
-        self._voice.on_segment_end = lambda: post(_END)
-        self._voice.on_error = post
-        self._generator.submit(self._job(text, post))
+        handoff = PcmHandoff()
+        self._handoff = handoff
+        self._voice.on_pcm = handoff.post
+        self._voice.on_segment_end = handoff.end
+        self._voice.on_error = handoff.post
+        self._generator.submit(self._job(text, handoff))
         started_s = time.perf_counter()
         try:
-            while True:
-                item = await queue.get()
-                if item is _END:
-                    break
-                if isinstance(item, BaseException):
-                    raise EngineError(f"synthesis failed: {item}") from item
-                assert isinstance(item, np.ndarray)
-                self.stats.audio_samples += item.size
-                yield item
+            async for pcm in handoff.chunks(self.stats, "Fish"):
+                yield pcm
             if not self._slot.cancelled.is_set():
                 self.stats.segments += 1
         finally:
             self.stats.compute_s += time.perf_counter() - started_s
 
-    def _job(self, text: str, post: Callable[[object], None]) -> SegmentJob:
+    def _job(self, text: str, handoff: PcmHandoff) -> SegmentJob:
         # A synthetic model's random weights would stop at random: it speaks as long as real
         # speech of this text would take instead (its prefill frame is not vocoded: +1).
         max_frames = self._max_frames
@@ -300,15 +289,15 @@ class FishStream(EngineStream):
             stop_on_im_end=not self._synthetic,
             schedule=self._schedule,
             on_codes=on_codes,
-            on_error=post,
+            on_error=handoff.post,
         )
 
     def cancel(self) -> None:
         self._slot.cancelled.set()
         self._voice.cancelled.set()
         self._generator.wake()
-        if self._post is not None:
-            self._post(_END)
+        if self._handoff is not None:
+            self._handoff.end()
 
     def close(self) -> None:
         self.cancel()

@@ -1,20 +1,45 @@
-"""Handing results from worker threads to a coroutine waiting on the event loop."""
+"""Handing results from worker threads to the coroutine that streams them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from streamtts.engine.base import EngineError, PcmF32, StreamStats
+
+_END = object()
 
 
-def threadsafe_put(
-    loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[object]
-) -> Callable[[object], None]:
-    """A callable any thread may use to put an item into ``queue`` on ``loop``."""
+class PcmHandoff:
+    """PCM chunks, the end of a segment, or an error, posted by any thread and consumed by one
+    coroutine on the loop that created it."""
 
-    def post(item: object) -> None:
-        # RuntimeError: the loop closed while we worked, so nobody is listening.
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+
+    def post(self, item: PcmF32 | BaseException) -> None:
+        self._put(item)
+
+    def end(self) -> None:
+        self._put(_END)
+
+    def _put(self, item: object) -> None:
+        # RuntimeError: the loop closed while a worker was busy, so nobody is listening.
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
-    return post
+    async def chunks(self, stats: StreamStats, engine: str) -> AsyncIterator[PcmF32]:
+        """Yield posted PCM until :meth:`end`; a posted exception raises :class:`EngineError`."""
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise EngineError(f"{engine} synthesis failed: {item}") from item
+            assert isinstance(item, np.ndarray)
+            stats.audio_samples += item.size
+            yield item

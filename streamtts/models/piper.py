@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,9 @@ from streamtts.engine.base import (
     UnknownVoiceError,
     VoiceInfo,
 )
-from streamtts.engine.handoff import threadsafe_put
+from streamtts.engine.handoff import PcmHandoff
 
 BUNDLED_VOICE_ID = "en_US-joe-medium"
-_END = object()
 
 
 class PiperNotInstalledError(RuntimeError):
@@ -112,38 +111,29 @@ class _PiperStream(EngineStream):
     async def synthesize(self, text: str) -> AsyncIterator[PcmF32]:
         if self._cancelled.is_set():
             return
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        post = threadsafe_put(loop, queue)
-        job = loop.run_in_executor(self._executor, self._run, text, post)
+        handoff = PcmHandoff()
+        job = asyncio.get_running_loop().run_in_executor(self._executor, self._run, text, handoff)
         try:
-            while True:
-                item = await queue.get()
-                if item is _END:
-                    break
-                if isinstance(item, BaseException):
-                    raise EngineError(f"Piper failed: {item}") from item
-                assert isinstance(item, np.ndarray)
-                self.stats.audio_samples += item.size
-                yield item
+            async for pcm in handoff.chunks(self.stats, "Piper"):
+                yield pcm
             self.stats.segments += 1
         finally:
             if not job.done():
                 self._cancelled.set()
             await asyncio.shield(job)
 
-    def _run(self, text: str, post: Callable[[object], None]) -> None:
+    def _run(self, text: str, handoff: PcmHandoff) -> None:
         started_s = time.perf_counter()
         try:
             for chunk in self._voice.synthesize(text, self._config):
                 if self._cancelled.is_set():
                     break
-                post(np.ascontiguousarray(chunk.audio_float_array, dtype=np.float32))
+                handoff.post(np.ascontiguousarray(chunk.audio_float_array, dtype=np.float32))
         except Exception as exc:  # reported to the awaiting coroutine, not swallowed
-            post(exc)
+            handoff.post(exc)
         finally:
             self.stats.compute_s += time.perf_counter() - started_s
-            post(_END)
+            handoff.end()
 
     def cancel(self) -> None:
         self._cancelled.set()
