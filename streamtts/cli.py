@@ -43,6 +43,14 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--speed", type=float, default=1.0)
     _add_model(say)
     say.set_defaults(run=_say)
+
+    bench = sub.add_parser("bench", help="per-stage speed of a Fish model on this machine")
+    bench.add_argument("--model", default="synthetic:1.5", help="default: synthetic:1.5")
+    bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    bench.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    bench.add_argument("--repeats", type=int, default=5)
+    bench.add_argument("--json", action="store_true", help="print JSON only")
+    bench.set_defaults(run=_bench)
     return parser
 
 
@@ -58,6 +66,8 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from streamtts.server.app import create_app
+    from streamtts.server.auth import ApiKeys, install_log_redaction, warn_if_exposed
+    from streamtts.server.shutdown import GracefulServer, Lifecycle
 
     settings = Settings.from_env(
         host=args.host, port=args.port, model=args.model, log_level=args.log_level
@@ -65,8 +75,15 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:
+        keys = ApiKeys.from_settings(settings)
+    except OSError as exc:
+        raise SettingsError(f"cannot read the API key file: {exc}") from exc
+    warn_if_exposed(settings.host, keys, logging.getLogger("streamtts.server"))
+    if keys.enabled:
+        logging.getLogger("streamtts.server").info("API keys: %d configured", len(keys))
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -76,8 +93,19 @@ def _serve(args: argparse.Namespace) -> int:
         ws_max_size=settings.max_ws_message_bytes * 4,
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,
+        # Our own drain (GracefulServer) has already ended every context by the time uvicorn
+        # shuts down; this only bounds the wait for connections that will not close.
+        timeout_graceful_shutdown=3,
     )
-    return 0
+    install_log_redaction()
+
+    def lifecycle() -> Lifecycle:
+        found: Lifecycle = app.state.streamtts.lifecycle
+        return found
+
+    server = GracefulServer(config, lifecycle, settings.shutdown_grace_s)
+    server.run()
+    return lifecycle().exit_code
 
 
 def _say(args: argparse.Namespace) -> int:
@@ -90,6 +118,21 @@ def _say(args: argparse.Namespace) -> int:
     )
     elapsed_s = time.perf_counter() - started_s
     print(f"wrote {args.output} ({seconds:.2f} s of audio in {elapsed_s:.2f} s)", file=sys.stderr)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    from streamtts.bench import BenchOptions, run
+
+    result = run(BenchOptions(args.model, args.device, args.dtype, args.repeats))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        width = max(len(k) for k in result)
+        for key, value in result.items():
+            print(f"{key:<{width}}  {value}")
     return 0
 
 

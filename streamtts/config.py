@@ -1,12 +1,13 @@
 """Server settings: one frozen dataclass, read from ``STREAMTTS_*`` environment variables and
-CLI flags (flags win). Every limit has a documented default; see docs/protocol.md."""
+CLI flags (flags win). Every limit has a documented default and outcome; see
+docs/operations.md."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 ENV_PREFIX = "STREAMTTS_"
@@ -50,6 +51,26 @@ class Settings:
     max_contexts_per_socket: int = 16
     max_http_input_chars: int = 4096
     idle_timeout_s: float = 300.0
+    # Admission control: contexts (WebSocket) plus speech requests (HTTP) in flight at once,
+    # server-wide. Beyond it: `overloaded` / close 1013 / HTTP 429 with Retry-After.
+    max_active_contexts: int = 64
+    # Audio queued for one context that the socket has not taken yet (a slow reader); beyond
+    # it the context ends with `slow_consumer`.
+    max_output_buffer_ms: float = 20_000.0
+    # Graceful shutdown (SIGTERM): in-flight contexts get this long to finish, then end with
+    # `done` reason `shutdown`.
+    shutdown_grace_s: float = 10.0
+    # How often the watchdog checks the engine's worker threads.
+    watchdog_interval_s: float = 0.5
+
+    # Auth. Keys: comma-separated, and/or a file with one key per line. With no key the
+    # server is open (fine on loopback; a non-loopback bind logs a loud warning).
+    api_keys: str = field(default="", repr=False)  # never in a repr, so never in a log
+    api_key_file: str = ""
+    # Origins allowed to open WebSockets from a browser, comma-separated ("*" = any). An
+    # Origin equal to the request's own host is always allowed; no Origin header (a
+    # non-browser client) is allowed.
+    allowed_origins: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -75,9 +96,17 @@ class Settings:
                 raise SettingsError(f"{f.name} must be >= 0, got {value}")
         if not 0 < self.port < 65536:
             raise SettingsError(f"port must be 1..65535, got {self.port}")
-        for name in ("engine_threads", "max_streams", "first_chunk_frames", "chunk_frames"):
+        for name in (
+            "engine_threads",
+            "max_streams",
+            "first_chunk_frames",
+            "chunk_frames",
+            "max_active_contexts",
+        ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1")
+        if self.watchdog_interval_s <= 0:
+            raise SettingsError("watchdog_interval_s must be > 0")
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

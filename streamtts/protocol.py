@@ -35,11 +35,13 @@ class ErrorCode(StrEnum):
     TEXT_TOO_LONG = "text_too_long"
     UNKNOWN_VOICE = "unknown_voice"
     OVERLOADED = "overloaded"
+    SLOW_CONSUMER = "slow_consumer"
     INTERNAL = "internal"
 
 
 class CloseCode:
     NORMAL = 1000
+    GOING_AWAY = 1001  # the server is shutting down
     POLICY = 1008
     TOO_BIG = 1009
     INTERNAL = 1011

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamtts.protocol import (
     AudioFormat,
@@ -145,3 +148,98 @@ def test_done_message_shape() -> None:
         "reason": "end",
         "stats": {"ttfa_ms": 12.5, "audio_ms": 1000.0, "rtf": 0.1},
     }
+
+
+# ---- property-based fuzzing ----------------------------------------------------------------
+
+DOCUMENTED_CODES = {
+    code.value
+    for code in ErrorCode
+    if f"`{code.value}`" in (Path(__file__).parents[1] / "docs" / "protocol.md").read_text()
+}
+JSON_SCALARS = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+FIELD_NAMES = st.sampled_from(
+    ["type", "context", "text", "voice", "format", "options", "encoding", "sample_rate", "speed"]
+)
+TYPES = st.sampled_from(["start", "text", "flush", "end", "cancel", "dance", "", "START"])
+# Messages that look almost right: the known fields with random values, often of the wrong type.
+NEAR_MESSAGES = st.fixed_dictionaries(
+    {"type": TYPES | JSON_VALUES},
+    optional={
+        "context": st.text(max_size=300) | JSON_VALUES,
+        "text": st.text(max_size=150) | JSON_VALUES,
+        "voice": st.text(max_size=10) | JSON_VALUES,
+        "format": st.fixed_dictionaries(
+            {},
+            optional={
+                "encoding": st.sampled_from(["pcm_s16le", "mulaw", "opus"]) | JSON_VALUES,
+                "sample_rate": st.integers(-10, 100_000) | JSON_VALUES,
+            },
+        )
+        | JSON_VALUES,
+        "options": st.dictionaries(FIELD_NAMES | st.text(max_size=8), JSON_VALUES, max_size=3)
+        | st.fixed_dictionaries(
+            {},
+            optional={
+                "speed": st.floats(allow_nan=True) | JSON_VALUES,
+                "seed": st.integers() | JSON_VALUES,
+                "chunk_frames": st.integers(-5, 300),
+            },
+        ),
+    },
+)
+
+
+def assert_parses_or_documented_error(raw: str | bytes) -> None:
+    try:
+        message = parse_client_message(raw, LIMIT)
+    except ProtocolError as exc:
+        assert exc.code.value in DOCUMENTED_CODES, exc.code
+        assert exc.message
+        return
+    assert isinstance(
+        message, StartMessage | TextMessage | FlushMessage | EndMessage | CancelMessage
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_never_raise_anything_else(raw: bytes) -> None:
+    assert_parses_or_documented_error(raw)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(max_size=200))
+def test_random_text_never_raises_anything_else(raw: str) -> None:
+    assert_parses_or_documented_error(raw)
+
+
+@settings(max_examples=400, deadline=None)
+@given(JSON_VALUES)
+def test_random_json_never_raises_anything_else(value: object) -> None:
+    # The standard library writes what orjson will not (integers beyond 64 bits, Infinity).
+    assert_parses_or_documented_error(json.dumps(value))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(NEAR_MESSAGES)
+def test_near_messages_parse_or_fail_with_a_documented_code(value: dict[str, object]) -> None:
+    assert_parses_or_documented_error(json.dumps(value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=1, max_size=40))
+def test_invalid_utf8_is_invalid_json(raw: bytes) -> None:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        assert error_code(b'{"type": "text", "text": "' + raw + b'"}') is ErrorCode.INVALID_JSON

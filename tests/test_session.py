@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from streamtts.protocol import (
     AudioFormat,
     CancelMessage,
@@ -145,4 +148,64 @@ def test_close_cancels_everything() -> None:
     session.handle(StartMessage("a"), NOW)
     session.handle(StartMessage("b"), NOW)
     assert sorted(session.close(), key=str) == [CancelContext("a"), CancelContext("b")]
+    assert session.active_contexts == 0
+
+
+# ---- random message orders -----------------------------------------------------------------
+
+CONTEXT_IDS = st.sampled_from(["a", "b", "c", "d", "e"])
+MESSAGES = st.one_of(
+    st.builds(StartMessage, CONTEXT_IDS, st.sampled_from([None, "v1", "v2", "nobody", "default"])),
+    st.builds(TextMessage, CONTEXT_IDS, st.text(max_size=80)),
+    st.builds(FlushMessage, CONTEXT_IDS),
+    st.builds(EndMessage, CONTEXT_IDS),
+    st.builds(CancelMessage, CONTEXT_IDS),
+)
+# Steps: a client message, the clock moving on, or the shell reporting a context finished.
+STEPS = st.lists(
+    st.one_of(
+        MESSAGES,
+        st.floats(0, 2000).map(lambda ms: ("tick", ms)),
+        CONTEXT_IDS.map(lambda c: ("finished", c)),
+    ),
+    max_size=60,
+)
+DOCUMENTED = {code.value for code in ErrorCode}
+
+
+@settings(max_examples=300, deadline=None)
+@given(STEPS)
+def test_random_message_orders_keep_the_session_consistent(steps: list[object]) -> None:
+    session = make_session(max_contexts=3, max_chars=200)
+    open_ids: set[str] = set()  # what the shell would have runners for
+    now = NOW
+    for step in steps:
+        if isinstance(step, tuple) and step[0] == "tick":
+            now += step[1]
+            effects = session.poll(now)
+        elif isinstance(step, tuple) and step[0] == "finished":
+            # The shell only reports contexts it runs, once they ended.
+            if step[1] in open_ids:
+                session.context_finished(step[1])
+                open_ids.discard(step[1])
+            continue
+        else:
+            assert not isinstance(step, tuple)
+            effects = session.handle(step, now)  # type: ignore[arg-type]
+        for effect in effects:
+            if isinstance(effect, OpenContext):
+                assert effect.context not in open_ids
+                assert effect.voice in {"v1", "v2"}
+                open_ids.add(effect.context)
+            elif isinstance(effect, CancelContext):
+                assert effect.context in open_ids
+                open_ids.discard(effect.context)
+            elif isinstance(effect, QueueSegment | QueueFlushMark | QueueEnd):
+                assert effect.context in open_ids
+            else:
+                assert isinstance(effect, Send) and effect.message["type"] == "error"
+                assert effect.message["code"] in DOCUMENTED
+        assert session.active_contexts == len(open_ids) <= 3
+    closing = session.close()
+    assert {e.context for e in closing if isinstance(e, CancelContext)} == open_ids
     assert session.active_contexts == 0

@@ -1,13 +1,16 @@
-"""The ASGI application: routes, lifespan (engine start/stop) and readiness."""
+"""The ASGI application: routes, lifespan (engine start/stop, watchdog), readiness, metrics and
+the security middleware (API keys, browser origins)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -17,35 +20,42 @@ from starlette.websockets import WebSocket
 from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.engine.factory import create_engine
-from streamtts.server import openai
+from streamtts.server import faults, openai
+from streamtts.server.auth import ApiKeys, OriginPolicy, SecurityMiddleware
+from streamtts.server.metrics import CONTENT_TYPE, Metrics
+from streamtts.server.shutdown import watchdog
+from streamtts.server.state import AppState
 from streamtts.server.stream import serve_stream
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 
-
-class AppState:
-    def __init__(self, settings: Settings, engine: Engine) -> None:
-        self.settings = settings
-        self.engine = engine
-        self.ready = False
+__all__ = ["AppState", "create_app"]
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> Starlette:
     settings = settings or Settings.from_env()
     state = AppState(settings, engine or create_engine(settings))
+    lifecycle = state.lifecycle
+    keys = ApiKeys.from_settings(settings)
+    _register_gauges(state.metrics, state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         log.info("loading model %s", settings.model)
         await state.engine.start()
-        state.ready = True
+        faults.install_if_enabled(state.engine)
+        lifecycle.ready = True
         log.info("ready: engine %s at %d Hz", state.engine.name, state.engine.sample_rate)
+        dog = asyncio.create_task(
+            watchdog(state.engine, lifecycle, settings.watchdog_interval_s), name="watchdog"
+        )
         try:
             yield
         finally:
-            state.ready = False
+            lifecycle.ready = False
+            dog.cancel()
             await state.engine.stop()
 
     async def healthz(request: Request) -> Response:
@@ -55,10 +65,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         )
 
     async def readyz(request: Request) -> Response:
-        ready = state.ready and state.engine.healthy()
-        return JSONResponse(
-            {"ready": ready, "model": settings.model}, status_code=200 if ready else 503
-        )
+        ready = lifecycle.ready and not lifecycle.draining and state.engine.healthy()
+        body = {"ready": ready, "model": settings.model, "draining": lifecycle.draining}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     async def voices(request: Request) -> Response:
         return JSONResponse(
@@ -72,14 +84,15 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         return openai.models_response(state.engine)
 
     async def speech(request: Request) -> Response:
-        return await openai.speech(request, state.engine, settings)
+        return await openai.speech(request, state)
 
     async def stream(ws: WebSocket) -> None:
-        await serve_stream(ws, state.engine, settings)
+        await serve_stream(ws, state)
 
     routes = [
         Route("/healthz", healthz),
         Route("/readyz", readyz),
+        Route("/metrics", metrics),
         Route("/v1/voices", voices),
         Route("/v1/audio/voices", voices),
         Route("/v1/models", models),
@@ -88,6 +101,62 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     ]
     if STATIC_DIR.is_dir():
         routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))
-    app = Starlette(routes=routes, lifespan=lifespan)
+    middleware = [
+        Middleware(
+            SecurityMiddleware,
+            keys=keys,
+            origins=OriginPolicy(settings.allowed_origins),
+            on_reject=state.metrics.rejected_total.inc,
+        )
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.streamtts = state
     return app
+
+
+def _register_gauges(metrics: Metrics, state: AppState) -> None:
+    metrics.gauge("streamtts_ready", "1 when the server accepts work.", lambda: float(state.ready))
+    metrics.gauge(
+        "streamtts_active_contexts",
+        "Admitted contexts and speech requests in flight.",
+        lambda: state.admission.active,
+    )
+    metrics.gauge(
+        "streamtts_max_active_contexts",
+        "The admission limit (max_active_contexts).",
+        lambda: state.admission.limit,
+    )
+    metrics.gauge(
+        "streamtts_open_sockets",
+        "Open /v1/stream WebSockets.",
+        lambda: state.lifecycle.open_sockets,
+    )
+    metrics.gauge(
+        "streamtts_output_buffer_bytes",
+        "Audio bytes queued for clients and not yet taken by their sockets.",
+        lambda: state.output_buffer_bytes,
+    )
+    metrics.gauge(
+        "streamtts_engine_free_slots",
+        "Free engine stream slots (KV-cache slots), where the engine has them.",
+        lambda: _generator_figure(state.engine, "free_slots"),
+    )
+    metrics.gauge(
+        "streamtts_engine_capacity",
+        "Engine stream slots (KV-cache slots), where the engine has them.",
+        lambda: _generator_figure(state.engine, "capacity"),
+    )
+    metrics.gauge(
+        "streamtts_engine_healthy",
+        "1 while every engine worker thread is alive.",
+        lambda: float(state.engine.healthy()),
+    )
+
+
+def _generator_figure(engine: Engine, name: str) -> float | None:
+    try:
+        generator = getattr(engine, "generator", None)
+        value = getattr(generator, name, None) if generator is not None else None
+    except Exception:  # e.g. the engine is not started yet
+        return None
+    return float(value) if isinstance(value, int | float) else None

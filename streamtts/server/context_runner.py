@@ -2,6 +2,10 @@
 
 A runner owns an asyncio task that takes queued work (segments, flush marks, the end) in
 order. It never touches torch: the engine stream hands back numpy PCM from its own threads.
+
+Sends do not wait for the client: they queue on the socket's outbox. When a context's queued
+audio passes its bound, ``send_audio`` raises :class:`SlowConsumerError` and the context ends
+with an ``error`` (code ``slow_consumer``) and ``done`` reason ``error``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import numpy as np
 from streamtts.audio import StreamingResampler, encode_samples
 from streamtts.engine.base import EngineError, EngineStream, PcmF32
 from streamtts.protocol import AudioFormat, ErrorCode, done, error, flushed, segment
+from streamtts.server.metrics import Metrics
+from streamtts.server.outbox import SlowConsumerError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,8 @@ class _End:
 _Work = _Segment | _FlushMark | _End
 
 SendJson = Callable[[dict[str, object]], Awaitable[None]]
-SendBytes = Callable[[str, bytes], Awaitable[None]]
+# (context, payload, duration of the payload in ms)
+SendBytes = Callable[[str, bytes, float], Awaitable[None]]
 
 
 class ContextRunner:
@@ -60,6 +67,7 @@ class ContextRunner:
         send_json: SendJson,
         send_audio: SendBytes,
         on_finished: Callable[[str], None],
+        metrics: Metrics | None = None,
     ) -> None:
         self.context = context
         self._stream = stream
@@ -68,6 +76,7 @@ class ContextRunner:
         self._send_json = send_json
         self._send_audio = send_audio
         self._on_finished = on_finished
+        self._metrics = metrics
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
         self._resampler = StreamingResampler(engine_rate_hz, fmt.sample_rate)
         self._frame_samples = max(1, fmt.sample_rate * MAX_FRAME_MS // 1000)
@@ -111,7 +120,9 @@ class ContextRunner:
         """The socket is gone: stop everything, send nothing."""
         await self._stop_task()
         self._stream.close()
-        self._finished = True
+        if not self._finished:
+            self._finished = True
+            self._count_end("disconnect")
 
     async def _stop_task(self) -> None:
         self._stream.cancel()
@@ -135,6 +146,8 @@ class ContextRunner:
                     return
         except asyncio.CancelledError:
             raise
+        except SlowConsumerError as exc:
+            await self._fail(ErrorCode.SLOW_CONSUMER, str(exc))
         except EngineError as exc:
             await self._fail(exc.code, str(exc))
         except Exception:
@@ -159,9 +172,14 @@ class ContextRunner:
         for start in range(0, pcm.size, self._frame_samples):
             piece = pcm[start : start + self._frame_samples]
             payload = encode_samples(np.ascontiguousarray(piece), self._fmt.encoding)
-            await self._send_audio(self.context, payload)
+            await self._send_audio(
+                self.context, payload, 1000.0 * piece.size / self._fmt.sample_rate
+            )
             if self._first_audio_s is None:
                 self._first_audio_s = time.perf_counter()
+                if self._metrics is not None and self._first_queued_s is not None:
+                    ttfa_ms = 1000.0 * (self._first_audio_s - self._first_queued_s)
+                    self._metrics.ttfa_ms.observe(ttfa_ms)
             self._audio_samples_out += piece.size
 
     async def _fail(self, code: str, message: str) -> None:
@@ -171,11 +189,16 @@ class ContextRunner:
     async def _finish(self, reason: str) -> None:
         self._finished = True
         self._stream.close()
+        self._count_end(reason)
         # Shielded: a cancel racing with the end must not swallow the one ``done``.
         await asyncio.shield(self._send_json(done(self.context, reason, self.stats())))
         self._on_finished(self.context)
 
     # ---- figures ----
+
+    def _count_end(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.contexts_total.inc(reason)
 
     def _audio_ms(self) -> float:
         return 1000.0 * self._audio_samples_out / self._fmt.sample_rate

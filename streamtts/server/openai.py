@@ -3,6 +3,10 @@
 Wire format per the OpenAI API: JSON body ``{model, input, voice, response_format, speed,
 stream_format}``; the body streams as audio is made. ``pcm`` is 24 kHz s16le mono without a
 header. Errors use OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``.
+
+Each request in flight holds one admission ticket (``max_active_contexts``); when none is free,
+or the engine has no slot, the answer is 429 with ``Retry-After``. While the server drains for
+shutdown, new requests get 503.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from streamtts.audio import StreamingResampler, content_type, make_container_encoder
 from streamtts.config import Settings
-from streamtts.engine.base import Engine, EngineError, SynthesisOptions
+from streamtts.engine.base import Engine, EngineError, EngineStream, SynthesisOptions
 from streamtts.segmenter import TextSegmenter
+from streamtts.server.admission import RETRY_AFTER_S, Ticket
+from streamtts.server.state import AppState
 from streamtts.server.stream import segmenter_options
 
 OPENAI_SAMPLE_RATE_HZ = 24_000
@@ -33,11 +39,21 @@ SPEED_RANGE = (0.25, 4.0)
 
 
 def openai_error(
-    status: int, message: str, param: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _overloaded(message: str) -> JSONResponse:
+    return openai_error(
+        429, message, None, "overloaded", headers={"Retry-After": str(RETRY_AFTER_S)}
+    )
 
 
 class _BadRequest(Exception):
@@ -52,7 +68,13 @@ def models_response(engine: Engine) -> JSONResponse:
     return JSONResponse({"object": "list", "data": data})
 
 
-async def speech(request: Request, engine: Engine, settings: Settings) -> Response:
+async def speech(request: Request, state: AppState) -> Response:
+    engine, settings, metrics = state.engine, state.settings, state.metrics
+    if state.lifecycle.draining:
+        metrics.rejected_total.inc("shutting_down")
+        return openai_error(
+            503, "the server is shutting down", None, "shutting_down", {"Retry-After": "1"}
+        )
     try:
         body = orjson.loads(await request.body())
     except orjson.JSONDecodeError:
@@ -61,19 +83,26 @@ async def speech(request: Request, engine: Engine, settings: Settings) -> Respon
         req = _validate(body, engine, settings)
     except _BadRequest as exc:
         return openai_error(400, exc.message, exc.param, exc.code)
+    ticket = state.admission.try_acquire()
+    if ticket is None:
+        metrics.errors_total.inc("overloaded")
+        return _overloaded(
+            f"the server is at its limit of {state.admission.limit} active streams; retry shortly"
+        )
     try:
         stream = engine.open_stream(req["voice"], SynthesisOptions(speed=req["speed"]))
     except EngineError as exc:
-        status = 503 if exc.code == "overloaded" else 400
-        return openai_error(status, str(exc), "voice", exc.code)
+        ticket.release()
+        metrics.errors_total.inc(exc.code)
+        if exc.code == "overloaded":
+            return _overloaded(str(exc))
+        return openai_error(400, str(exc), "voice", exc.code)
     fmt: str = req["format"]
+    audio = _encoded_audio(stream, ticket, state, req["input"], fmt)
     if req["sse"]:
-        chunks = _sse_events(_encoded_audio(stream, engine, req["input"], fmt, settings))
-        return StreamingResponse(chunks, media_type="text/event-stream")
+        return StreamingResponse(_sse_events(audio), media_type="text/event-stream")
     return StreamingResponse(
-        _encoded_audio(stream, engine, req["input"], fmt, settings),
-        media_type=content_type(fmt),
-        headers={"X-Accel-Buffering": "no"},
+        audio, media_type=content_type(fmt), headers={"X-Accel-Buffering": "no"}
     )
 
 
@@ -124,8 +153,11 @@ def _resolve_voice(voice: Any, engine: Engine) -> str:
 
 
 async def _encoded_audio(
-    stream: Any, engine: Engine, text: str, fmt: str, settings: Settings
+    stream: EngineStream, ticket: Ticket, state: AppState, text: str, fmt: str
 ) -> AsyncIterator[bytes]:
+    engine, settings = state.engine, state.settings
+    expired = state.lifecycle.expired
+    reason = "disconnect"
     segmenter = TextSegmenter(segmenter_options(settings))
     segments = segmenter.push(text, time.monotonic() * 1000.0) + segmenter.flush()
     resampler = StreamingResampler(engine.sample_rate, OPENAI_SAMPLE_RATE_HZ)
@@ -133,15 +165,25 @@ async def _encoded_audio(
     try:
         for text_segment in segments:
             async for pcm in stream.synthesize(text_segment):
+                if expired.is_set():  # shutdown grace is over: end the body here
+                    reason = "shutdown"
+                    return
                 out = encoder.write(resampler.process(pcm))
                 if out:
                     yield out
         tail = encoder.write(resampler.flush()) + encoder.finish()
         if tail:
             yield tail
+        reason = "end"
+    except EngineError as exc:
+        reason = "error"
+        state.metrics.errors_total.inc(exc.code)
+        raise
     finally:
         # Runs on completion and when the client disconnects mid-body (generator closed).
         stream.close()
+        ticket.release()
+        state.metrics.contexts_total.inc(reason)
 
 
 async def _sse_events(audio: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

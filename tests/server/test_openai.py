@@ -59,7 +59,10 @@ def test_models_and_voices(live_server: str, client: openai.OpenAI) -> None:
     [
         ({"model": "tts-1", "voice": "alloy"}, "input"),
         ({"model": "tts-1", "voice": "alloy", "input": "x" * 5000}, "input"),
-        ({"model": "tts-1", "voice": "alloy", "input": "hi", "response_format": "ogg"}, "response_format"),
+        (
+            {"model": "tts-1", "voice": "alloy", "input": "hi", "response_format": "ogg"},
+            "response_format",
+        ),
         ({"model": "tts-1", "voice": "alloy", "input": "hi", "speed": 10}, "speed"),
         ({"model": "tts-1", "voice": "nobody", "input": "hi"}, "voice"),
     ],

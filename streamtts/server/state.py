@@ -1,0 +1,31 @@
+"""What the app's parts share: settings, engine, admission, lifecycle, metrics."""
+
+from __future__ import annotations
+
+from streamtts.config import Settings
+from streamtts.engine.base import Engine
+from streamtts.server.admission import Admission
+from streamtts.server.metrics import Metrics
+from streamtts.server.shutdown import Lifecycle
+
+
+class AppState:
+    def __init__(self, settings: Settings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.admission = Admission(settings.max_active_contexts)
+        self.lifecycle = Lifecycle(self.admission)
+        self.metrics = Metrics()
+        # Audio bytes queued for all contexts that their sockets have not taken yet.
+        self.output_buffer_bytes = 0
+
+    def add_output_buffer_bytes(self, delta: int) -> None:
+        self.output_buffer_bytes += delta
+
+    @property
+    def ready(self) -> bool:
+        return self.lifecycle.ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self.lifecycle.ready = value
