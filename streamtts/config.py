@@ -38,6 +38,7 @@ class Settings:
     prefill_chunk_tokens: int = 128  # prompt tokens prefilled per step between decode steps
     max_frames_per_segment: int = 1024
     max_lead_s: float = 6.0  # streams this far ahead of real time yield compute to others
+    cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
 
     # Text segmentation (see streamtts.segmenter).
     first_segment_min_chars: int = 20

@@ -8,7 +8,6 @@ two threads overlap through torch's GIL-free kernels.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,12 +23,9 @@ class DeviceContext:
         return self.device.type == "cuda"
 
     @contextlib.contextmanager
-    def worker_stream(self, name: str, cpu_threads: int = 0) -> Iterator[None]:
-        """Run the calling thread's work on a stream of its own (CUDA), or on the CPU with
-        ``cpu_threads`` intra-op threads for this thread (0: torch's default)."""
+    def worker_stream(self, name: str) -> Iterator[None]:
+        """Run the calling thread's work on a stream of its own (CUDA) or as is (CPU)."""
         if not self.is_cuda:
-            if cpu_threads > 0:
-                torch.set_num_threads(cpu_threads)  # per calling thread (OpenMP)
             yield
             return
         torch.cuda.set_device(self.device)
@@ -54,11 +50,15 @@ class DeviceContext:
             tensor.record_stream(stream)
 
 
-def default_cpu_threads(worker: str) -> int:
-    """The generator is memory-bound and needs every core; the vocoder, a fraction of the
-    time per frame, takes half, so the two threads do not oversubscribe the cores."""
-    cores = os.cpu_count() or 1
-    return cores if worker == "generator" else max(1, cores // 2)
+def set_cpu_threads(threads: int) -> None:
+    """Intra-op threads for all torch work in the process (0: torch's default, one per core).
+
+    This is process-wide: torch's thread count is not per calling thread (measured: a worker
+    thread setting 1 made the generator thread run single-threaded), so both workers share
+    one setting.
+    """
+    if threads > 0:
+        torch.set_num_threads(threads)
 
 
 def choose_device(requested: str) -> torch.device:

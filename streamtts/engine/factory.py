@@ -34,6 +34,7 @@ def create_engine(settings: Settings) -> Engine:
                 prefill_chunk_tokens=settings.prefill_chunk_tokens,
                 max_frames_per_segment=settings.max_frames_per_segment,
                 max_lead_s=settings.max_lead_s,
+                cpu_threads=settings.cpu_threads,
             ),
         )
     raise ModelSpecError(

@@ -32,7 +32,7 @@ from streamtts.engine.devices import (
     DeviceContext,
     choose_device,
     choose_dtype,
-    default_cpu_threads,
+    set_cpu_threads,
 )
 from streamtts.engine.fish_models import FishBundle, load_fish_bundle
 from streamtts.engine.generator import GeneratorConfig, GeneratorWorker
@@ -64,8 +64,7 @@ class FishSettings:
     prefill_chunk_tokens: int = 128
     max_frames_per_segment: int = 1024
     max_lead_s: float = 6.0
-    generator_threads: int = 0  # CPU intra-op threads per worker; 0: chosen from the cores
-    vocoder_threads: int = 0
+    cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
 
 
 class FishEngine(Engine):
@@ -91,6 +90,7 @@ class FishEngine(Engine):
         s = self._settings
         device = choose_device(s.device)
         dtype = choose_dtype(s.dtype, device)
+        set_cpu_threads(s.cpu_threads)
         log.info("loading %s on %s in %s", self._spec, device, dtype)
         bundle = load_fish_bundle(self._spec, device, dtype)
         model = bundle.llm.model
@@ -104,22 +104,12 @@ class FishEngine(Engine):
             PromptBuilder(tokenizer, model.config.num_codebooks),
             tokenizer.im_end_id,
             context,
-            GeneratorConfig(
-                s.prefill_chunk_tokens,
-                context_tokens,
-                s.max_lead_s,
-                s.generator_threads or default_cpu_threads("generator"),
-            ),
+            GeneratorConfig(s.prefill_chunk_tokens, context_tokens, s.max_lead_s),
             self._on_fatal,
         )
         decoder = IncrementalDecoder(bundle.decoder, device, dtype)
         self.sample_rate = decoder.sample_rate
-        self._vocoder = VocoderWorker(
-            decoder,
-            context,
-            self._on_fatal,
-            s.vocoder_threads or default_cpu_threads("vocoder"),
-        )
+        self._vocoder = VocoderWorker(decoder, context, self._on_fatal)
         self._bundle = bundle
         self._generator.start()
         self._vocoder.start()

@@ -40,7 +40,6 @@ class GeneratorConfig:
     # A stream whose audio runs this far ahead of real time sits out decode steps while others
     # need compute.
     max_lead_s: float = 6.0
-    cpu_threads: int = 0  # intra-op threads of this worker on CPU (0: torch's default)
 
 
 @dataclass(frozen=True)
@@ -150,10 +149,7 @@ class GeneratorWorker:
 
     def _main(self) -> None:
         try:
-            with (
-                self._device.worker_stream("generator", self._config.cpu_threads),
-                torch.inference_mode(),
-            ):
+            with self._device.worker_stream("generator"), torch.inference_mode():
                 self._prefill_prefix()
                 while self._take_commands():
                     self._iterate()

@@ -49,9 +49,7 @@ class VocoderWorker:
         decoder: IncrementalDecoder,
         device: DeviceContext,
         on_fatal: Callable[[BaseException], None],
-        cpu_threads: int = 0,
     ) -> None:
-        self._cpu_threads = cpu_threads
         self._decoder = decoder
         self._device = device
         self._on_fatal = on_fatal
@@ -83,10 +81,7 @@ class VocoderWorker:
 
     def _main(self) -> None:
         try:
-            with (
-                self._device.worker_stream("vocoder", self._cpu_threads),
-                torch.inference_mode(),
-            ):
+            with self._device.worker_stream("vocoder"), torch.inference_mode():
                 while True:
                     chunks = self._take()
                     if chunks is None:
