@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from streamtts.engine.base import SynthesisOptions
-from streamtts.engine.fish_engine import FishEngine, FishSettings, FishStream
+from streamtts.engine.fish_engine import FishEngine, FishSettings, FishStream, describe_dtype
 from streamtts.engine.jobs import SegmentJob
 
 SENTENCE_60_CHARS = "The weather is lovely today, so let us walk down to the sea."
@@ -163,7 +163,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "model": args.model,
         "device": str(model.device),
-        "dtype": str(model.dtype).removeprefix("torch."),
+        "dtype": describe_dtype(model),
         "load_and_warm_up_s": round(time.perf_counter() - started_s, 1),
         "torch_threads": torch.get_num_threads(),
     }

@@ -22,7 +22,7 @@ import torch
 
 from streamtts.engine.base import SynthesisOptions
 from streamtts.engine.devices import choose_device, choose_dtype
-from streamtts.engine.fish_engine import FishEngine, FishSettings
+from streamtts.engine.fish_engine import FishEngine, FishSettings, describe_dtype
 from streamtts.models.fish.generate import RepetitionWindows, decode_step, sample_frame
 from streamtts.models.fish.llama import DualARTransformer, KVCache
 from streamtts.models.fish.sampling import BatchSampling, SamplingParams
@@ -75,7 +75,8 @@ def weight_bytes_per_step(model: DualARTransformer) -> dict[str, int]:
     norm and head once per codebook position; embedding tables only a row each (ignored)."""
 
     def size(modules: list[torch.nn.Module]) -> int:
-        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+        tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     slow = size([*model.layers, model.norm] + ([model.output] if model.output else []))
     fast = size([*model.fast_layers, model.fast_norm, model.fast_output])
@@ -198,7 +199,7 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
     stages = StageBench(model, options)
     result: dict[str, Any] = {
         "model": options.model,
-        "dtype": str(model.dtype).removeprefix("torch."),
+        "dtype": describe_dtype(model),
         "device": str(device),
         "torch_threads": torch.get_num_threads(),
         "load_s": round(load_s, 1),

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="per-stage speed of a Fish model on this machine")
     bench.add_argument("--model", default="synthetic:1.5", help="default: synthetic:1.5")
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    bench.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    bench.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32", "int8"])
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--json", action="store_true", help="print JSON only")
     bench.set_defaults(run=_bench)

@@ -41,12 +41,14 @@ from streamtts.engine.jobs import ChunkSchedule, SegmentJob, StreamSlot
 from streamtts.engine.vocoder import VocoderWorker
 from streamtts.models.fish.incremental import IncrementalDecoder
 from streamtts.models.fish.prompt import PromptBuilder
+from streamtts.models.fish.quantize import Int8Linear, quantize_int8_
 from streamtts.models.fish.sampling import SamplingParams
 from streamtts.models.fish.synthetic import synthetic_frame_budget
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VOICE_ID = "default"
+INT8 = "int8"  # dtype setting: int8 weight-only linear layers, bf16 activations (CPU)
 
 
 class InvalidOptionsError(EngineError):
@@ -89,11 +91,14 @@ class FishEngine(Engine):
     def _load(self) -> None:
         s = self._settings
         device = choose_device(s.device)
-        dtype = choose_dtype(s.dtype, device)
+        int8 = s.dtype == INT8
+        dtype = choose_dtype("bf16" if int8 else s.dtype, device)
         set_cpu_threads(s.cpu_threads)
-        log.info("loading %s on %s in %s", self._spec, device, dtype)
+        log.info("loading %s on %s in %s", self._spec, device, INT8 if int8 else dtype)
         bundle = load_fish_bundle(self._spec, device, dtype)
         model = bundle.llm.model
+        if int8:
+            quantize_int8_(model)
         context_tokens = min(s.context_tokens, model.config.max_seq_len)
         cache = model.allocate_cache(s.max_streams + 1, context_tokens)
         context = DeviceContext(device)
@@ -188,6 +193,13 @@ class FishEngine(Engine):
             max_frames=options.max_frames_per_segment or s.max_frames_per_segment,
             synthetic=self._bundle.synthetic,
         )
+
+
+def describe_dtype(model: torch.nn.Module) -> str:
+    """``bfloat16``, ``float32``...; ``int8+bfloat16`` for int8 weight-only layers."""
+    activations = str(next(model.parameters()).dtype).removeprefix("torch.")
+    quantized = any(isinstance(m, Int8Linear) for m in model.modules())
+    return f"int8+{activations}" if quantized else activations
 
 
 def _sampling_params(options: SynthesisOptions) -> SamplingParams:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from streamtts.engine.base import EngineError, OverloadedError, SynthesisOptions
-from streamtts.engine.fish_engine import FishEngine, FishSettings, FishStream
+from streamtts.engine.fish_engine import FishEngine, FishSettings, FishStream, describe_dtype
 from streamtts.engine.jobs import SegmentJob
 
 GREEDY = SynthesisOptions(top_p=1e-4)  # keeps only the top token: sampling is an argmax
@@ -190,3 +190,16 @@ async def test_a_checkpoint_directory_streams_what_upstream_generates(lang: str)
     np.testing.assert_array_equal(frames.numpy(), want_frames)
     assert audio.shape == want_audio.shape
     np.testing.assert_allclose(audio, want_audio, atol=1e-4, rtol=0)
+
+
+async def test_int8_weights_serve_the_same_interface() -> None:
+    engine = FishEngine("synthetic:tiny", FishSettings(dtype="int8", max_streams=1))
+    await engine.start()
+    try:
+        assert describe_dtype(engine.generator.model) == "int8+bfloat16"
+        stream = fish_stream(engine)
+        audio = await speak(stream, ["two words"])
+        stream.close()
+    finally:
+        await engine.stop()
+    assert audio.size == 2 * 9 * FRAME_SAMPLES

@@ -1,0 +1,68 @@
+"""Int8 weight-only quantization of the text-to-semantic model's linear layers (CPU).
+
+Each weight matrix ``[out, in]`` is stored as int8 with one symmetric scale per output channel
+(``scale = max|w_row| / 127``); activations stay bf16. A decode step is memory-bound, so halving
+the bytes of weights read makes it faster: on the 2-core dev CPU a 4096x1024 matrix-vector
+product takes 0.12 ms instead of 0.32 ms in bf16 (24 distinct matrices, beyond the caches).
+The matrix product is torch's ``_weight_int8pack_mm`` CPU kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+INT8_MAX = 127
+
+
+class Int8Linear(nn.Module):
+    """``y = x @ (q * scale)^T`` with ``q`` int8 ``[out, in]`` and ``scale`` ``[out]``."""
+
+    weight_q: torch.Tensor
+    scales: torch.Tensor
+
+    def __init__(self, weight_q: torch.Tensor, scales: torch.Tensor) -> None:
+        super().__init__()
+        self.in_features = int(weight_q.shape[1])
+        self.out_features = int(weight_q.shape[0])
+        self.register_buffer("weight_q", weight_q)
+        self.register_buffer("scales", scales)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, dtype: torch.dtype) -> Int8Linear:
+        if linear.bias is not None:
+            raise ValueError("int8 weight-only layers have no bias (the Fish LLM has none)")
+        weight = linear.weight.detach().float()  # [out, in]
+        # Quantise against the scale as stored (rounded to the activation dtype).
+        scales = (weight.abs().amax(dim=1).clamp(min=1e-12) / INT8_MAX).to(dtype)  # [out]
+        weight_q = (weight / scales.float()[:, None]).round().clamp(-INT8_MAX, INT8_MAX)
+        return cls(weight_q.to(torch.int8).contiguous(), scales)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight this layer applies, ``[out, in]`` in float32 (for tests)."""
+        return self.weight_q.float() * self.scales.float()[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, self.in_features)  # [N, in]
+        y = torch._weight_int8pack_mm(flat, self.weight_q, self.scales)  # [N, out]
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def quantize_int8_(model: nn.Module) -> int:
+    """Replace every ``nn.Linear`` of ``model`` in place; returns how many were replaced.
+
+    The model must be on the CPU in the activation dtype (bf16) it will run in.
+    """
+    dtype = next(model.parameters()).dtype
+    if next(model.parameters()).device.type != "cpu":
+        raise ValueError("int8 weight-only quantization is implemented for the CPU only")
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+    for parent, name, child in targets:
+        setattr(parent, name, Int8Linear.from_linear(child, dtype))
+    return len(targets)

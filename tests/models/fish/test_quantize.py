@@ -1,0 +1,48 @@
+"""Int8 weight-only linear layers: exact arithmetic on the dequantized weights, bounded error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from streamtts.models.fish.checkpoint import load_fish_llm
+from streamtts.models.fish.quantize import INT8_MAX, Int8Linear, quantize_int8_
+
+
+def test_int8_linear_applies_its_dequantized_weight() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40, bias=False).to(torch.bfloat16)
+    q = Int8Linear.from_linear(linear, torch.bfloat16)
+    assert q.weight_q.dtype == torch.int8 and q.weight_q.shape == (40, 96)
+    # Round to nearest: every weight within half a step of its channel's scale (a hair more
+    # where the bf16-rounded scale makes the row's largest weight clamp at 127).
+    error = (linear.weight.float() - q.dequantized()).abs()
+    assert bool((error <= q.scales.float()[:, None] * 0.51).all())
+    assert int(q.weight_q.abs().max()) == INT8_MAX  # the largest weight of a row uses the range
+    x = torch.randn(3, 5, 96, dtype=torch.bfloat16)
+    want = (x.float() @ q.dequantized().T).to(torch.bfloat16)
+    got = q(x)
+    assert got.shape == (3, 5, 40)
+    torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
+
+
+def test_quantized_fixture_model_stays_close_to_bf16(
+    fish_fixture_dir: Path, fish_index: dict[str, Any]
+) -> None:
+    llm = load_fish_llm(fish_fixture_dir, torch.bfloat16)
+    tokens = torch.from_numpy(np.load(fish_fixture_dir / "expected" / "llm_input.npy"))
+    with torch.inference_mode():
+        want = llm.model.forward_slow_train(tokens).logits.float()
+        linears = sum(isinstance(m, nn.Linear) for m in llm.model.modules())
+        assert quantize_int8_(llm.model) == linears > 0
+        assert not any(isinstance(m, nn.Linear) for m in llm.model.modules())
+        got = llm.model.forward_slow_train(tokens).logits.float()
+    relative = float((got - want).norm() / want.norm())
+    assert relative < 0.05, relative
+    # The greedy choice at most positions is unchanged.
+    agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+    assert agree > 0.9, agree
