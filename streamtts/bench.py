@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from streamtts.engine.base import SynthesisOptions
-from streamtts.engine.devices import choose_device, choose_dtype
+from streamtts.engine.devices import choose_device
 from streamtts.engine.fish_engine import FishEngine, FishSettings, describe_dtype
 from streamtts.models.fish.generate import RepetitionWindows, decode_step, sample_frame
 from streamtts.models.fish.llama import DualARTransformer, KVCache
@@ -189,8 +189,7 @@ def peak_rss_mb() -> float:
 
 async def run_bench(options: BenchOptions) -> dict[str, Any]:
     device = choose_device(options.device)
-    dtype = choose_dtype(options.dtype, device)
-    progress(f"bench: {options.model} on {device} in {dtype}; loading ...")
+    progress(f"bench: {options.model} on {device}, dtype {options.dtype}; loading ...")
     engine = FishEngine(options.model, FishSettings(device=options.device, dtype=options.dtype))
     started_s = time.perf_counter()
     await engine.start()

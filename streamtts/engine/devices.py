@@ -73,7 +73,7 @@ def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
     named = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
     if requested != "auto":
         if requested not in named:
-            raise ValueError(f"dtype must be auto, bf16, fp16 or fp32, got {requested!r}")
+            raise ValueError(f"dtype must be auto, bf16, fp16, fp32 or int8, got {requested!r}")
         return named[requested]
     if device.type == "cuda":
         return torch.bfloat16
