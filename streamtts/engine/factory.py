@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from streamtts.config import Settings
@@ -22,21 +23,9 @@ def create_engine(settings: Settings) -> Engine:
     if spec.startswith("synthetic:") or Path(spec).expanduser().is_dir():
         from streamtts.engine.fish_engine import FishEngine, FishSettings
 
-        return FishEngine(
-            spec,
-            FishSettings(
-                device=settings.device,
-                dtype=settings.dtype,
-                max_streams=settings.max_streams,
-                context_tokens=settings.context_tokens,
-                first_chunk_frames=settings.first_chunk_frames,
-                chunk_frames=settings.chunk_frames,
-                prefill_chunk_tokens=settings.prefill_chunk_tokens,
-                max_frames_per_segment=settings.max_frames_per_segment,
-                max_lead_s=settings.max_lead_s,
-                cpu_threads=settings.cpu_threads,
-            ),
-        )
+        # FishSettings' fields are named as the server settings they come from.
+        names = [f.name for f in dataclasses.fields(FishSettings)]
+        return FishEngine(spec, FishSettings(**{n: getattr(settings, n) for n in names}))
     raise ModelSpecError(
         f"unknown model {spec!r}: use 'piper', 'piper:/path/voice.onnx', "
         "a Fish-Speech 1.5 checkpoint directory, or 'synthetic:tiny' / 'synthetic:1.5'"
