@@ -32,6 +32,10 @@ from streamtts.models.fish.sampling import BatchSampling
 log = logging.getLogger(__name__)
 
 
+# Positions a segment's prompt must leave free in the cache for its frames.
+MIN_FRAMES_ROOM = 64
+
+
 @dataclass(frozen=True)
 class GeneratorConfig:
     prefill_chunk_tokens: int = 128
@@ -233,8 +237,16 @@ class GeneratorWorker:
             length = self._prefix_tokens.shape[1]
             self._cache.copy_prefix(self._prefix_slot, stream.slot, length)
             stream.cached_tokens = self._prefix_tokens
-        stream.history.append(self._prompts.turn(job.text))
+        turn = self._prompts.turn(job.text)
+        stream.history.append(turn)
         prompt = segment_prompt(self._prefix_tokens, stream.history, self._config.max_prompt_tokens)
+        if prompt.shape[1] + MIN_FRAMES_ROOM > self._cache.max_seq_len:
+            # Upstream's trimming rule keeps the whole history when even the newest entry
+            # exceeds its budget (a context shorter than its 1024-frame reserve); that prompt
+            # would not fit the cache, so the segment starts afresh from the prefix instead.
+            log.warning("history does not fit %d cached tokens: dropped", self._cache.max_seq_len)
+            stream.history[:] = [turn]
+            prompt = torch.cat([self._prefix_tokens, turn], dim=1)
         job.prompt = prompt
         # At least the last column is prefilled: its logits start the segment.
         job.prefill_pos = min(_common_prefix(stream.cached_tokens, prompt), prompt.shape[1] - 1)

@@ -203,3 +203,15 @@ async def test_int8_weights_serve_the_same_interface() -> None:
     finally:
         await engine.stop()
     assert audio.size == 2 * 9 * FRAME_SAMPLES
+
+
+async def test_a_long_conversation_in_one_stream_keeps_speaking(engine: FishEngine) -> None:
+    """Many segments in one stream: the iterative-prompt history is trimmed to fit the cache
+    (synthetic:tiny has 1024 positions) and every segment still gets its full audio."""
+    stream = fish_stream(engine)
+    sentence = "this sentence has exactly eight words in it"
+    for _ in range(12):  # 12 x (about 20 prompt tokens + 73 frames) > 1024 positions
+        audio = await speak(stream, [sentence])
+        assert audio.size == 8 * 9 * FRAME_SAMPLES
+    assert stream.slot.cached_tokens.shape[1] < 1024
+    stream.close()
