@@ -57,3 +57,35 @@ def test_refuses_non_loopback_targets() -> None:
     )  # fmt: skip
     assert result.returncode != 0
     assert "loopback" in result.stderr
+
+
+def test_first_audio_measures_ttfa_and_concurrency(live_server: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest.first_audio", "--url", live_server, "--runs", "2",
+         "--streams", "2"],
+        cwd=REPO_DIR, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert len(figures["ttfa_ms_runs"]) == 2 and figures["ttfa_ms_p50"] > 0
+    assert len(figures["concurrent_streams"]) == 2
+    assert all(s["audio_s"] > 1 and s["ratio"] > 0 for s in figures["concurrent_streams"])
+    assert "run 2/2" in result.stderr  # progress while it runs
+
+
+def test_engine_bench_reports_ttfa_concurrency_and_overlap(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest.engine_bench", "--model", "synthetic:tiny", "--dtype",
+         "fp32", "--runs", "2", "--streams", "1", "2", "--overlap-frames", "18", "--json",
+         str(out)],
+        cwd=REPO_DIR, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    assert figures["model"] == "synthetic:tiny" and figures["dtype"] == "float32"
+    assert [c["streams"] for c in figures["concurrency"]] == [1, 2]
+    assert all(c["worst_rtf"] > 0 for c in figures["concurrency"])
+    overlap = figures["overlap"]
+    assert overlap["frames"] == 18
+    assert overlap["both_ms_per_frame"] > 0 and overlap["generator_alone_ms_per_frame"] > 0
