@@ -40,6 +40,7 @@ class BenchOptions:
     dtype: str = "auto"
     repeats: int = 5
     batches: tuple[int, ...] = (1, 4, 16)
+    compile: bool = False
 
 
 def progress(message: str) -> None:
@@ -212,7 +213,10 @@ def measure_stages(
 async def run_bench(options: BenchOptions) -> dict[str, Any]:
     device = choose_device(options.device)
     progress(f"bench: {options.model} on {device}, dtype {options.dtype}; loading ...")
-    engine = FishEngine(options.model, FishSettings(device=options.device, dtype=options.dtype))
+    settings = FishSettings(
+        device=options.device, dtype=options.dtype, max_streams=1, compile=options.compile
+    )
+    engine = FishEngine(options.model, settings)
     started_s = time.perf_counter()
     await engine.start()
     load_s = time.perf_counter() - started_s
@@ -224,6 +228,7 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         "device": str(device),
         "torch_threads": torch.get_num_threads(),
         "load_s": round(load_s, 1),
+        "compile_s": round(sum(engine.generator.compile_s.values()), 1),
     }
     # Stage timings run on a worker thread, like all model work (the loop stays torch-free).
     stage_figures = await asyncio.to_thread(measure_stages, engine, stages, options, device)

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     bench.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32", "int8"])
     bench.add_argument("--repeats", type=int, default=5)
+    bench.add_argument(
+        "--compile", action="store_true", help="torch.compile the codebook pass (end to end)"
+    )
     bench.add_argument("--json", action="store_true", help="print JSON only")
     bench.set_defaults(run=_bench)
     return parser
@@ -122,11 +125,13 @@ def _say(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    import dataclasses
     import json
 
     from streamtts.bench import BenchOptions, run
 
-    result = run(BenchOptions(args.model, args.device, args.dtype, args.repeats))
+    options = BenchOptions(args.model, args.device, args.dtype, args.repeats)
+    result = run(dataclasses.replace(options, compile=args.compile))
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -67,6 +67,7 @@ class FishSettings:
     max_frames_per_segment: int = 1024
     max_lead_s: float = 6.0
     cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
+    compile: bool = False  # torch.compile the codebook pass per batch bucket at start
 
 
 class FishEngine(Engine):
@@ -109,7 +110,7 @@ class FishEngine(Engine):
             PromptBuilder(tokenizer, model.config.num_codebooks),
             tokenizer.im_end_id,
             context,
-            GeneratorConfig(s.prefill_chunk_tokens, context_tokens, s.max_lead_s),
+            GeneratorConfig(s.prefill_chunk_tokens, context_tokens, s.max_lead_s, s.compile),
             self._on_fatal,
         )
         decoder = IncrementalDecoder(bundle.decoder, device, dtype)

@@ -22,9 +22,16 @@ from dataclasses import dataclass
 
 import torch
 
+from streamtts.engine.compiled import CompiledFastCodes
 from streamtts.engine.devices import DeviceContext
 from streamtts.engine.jobs import Phase, SegmentJob, StreamSlot
-from streamtts.models.fish.generate import RepetitionWindows, decode_step, prefill_frame
+from streamtts.models.fish.generate import (
+    FastCodes,
+    RepetitionWindows,
+    decode_step,
+    fast_codes,
+    prefill_frame,
+)
 from streamtts.models.fish.llama import DualARTransformer, KVCache
 from streamtts.models.fish.prompt import PromptBuilder, segment_prompt
 from streamtts.models.fish.sampling import BatchSampling
@@ -44,6 +51,8 @@ class GeneratorConfig:
     # A stream whose audio runs this far ahead of real time sits out decode steps while others
     # need compute.
     max_lead_s: float = 6.0
+    # torch.compile the per-frame codebook pass per batch bucket (compiled at start).
+    compile: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,8 @@ class GeneratorWorker:
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._jobs: list[SegmentJob] = []
         self._thread = threading.Thread(target=self._main, name="generator", daemon=True)
+        self._fast: FastCodes = fast_codes
+        self.compile_s: dict[int, float] = {}
         # Test seam: called with each job before its work in an iteration; may raise.
         self.before_job_work: Callable[[SegmentJob], None] | None = None
 
@@ -154,6 +165,8 @@ class GeneratorWorker:
     def _main(self) -> None:
         try:
             with self._device.worker_stream("generator"), torch.inference_mode():
+                if self._config.compile:
+                    self._compile()
                 self._prefill_prefix()
                 while self._take_commands():
                     self._iterate()
@@ -162,6 +175,12 @@ class GeneratorWorker:
             for job in self._jobs:
                 job.on_error(exc)
             self._on_fatal(exc)
+
+    def _compile(self) -> None:
+        compiled = CompiledFastCodes(self.capacity)
+        compiled.warm_up(self._model, self._cache)
+        self.compile_s = compiled.compile_s
+        self._fast = compiled
 
     def _prefill_prefix(self) -> None:
         prefix = self._prefix_tokens.to(self._model.device)
@@ -300,6 +319,7 @@ class GeneratorWorker:
             max(positions) + 1,
             self._windows.gather(slots),
             sampling,
+            fast=self._fast,
         )  # [B, C+1]
         self._windows.push(slots, torch.tensor(steps, device=device), new)
         for job, frame in zip(batch, new, strict=True):

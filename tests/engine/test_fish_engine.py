@@ -215,3 +215,33 @@ async def test_a_long_conversation_in_one_stream_keeps_speaking(engine: FishEngi
         assert audio.size == 8 * 9 * FRAME_SAMPLES
     assert stream.slot.cached_tokens.shape[1] < 1024
     stream.close()
+
+
+async def test_a_compiled_codebook_pass_generates_what_eager_does() -> None:
+    """``compile``: the codebook pass compiled per batch bucket (1 and 2 here); greedy frames of
+    two concurrent streams (bucket 2) and one alone (bucket 1) equal the eager engine's."""
+    texts = ["a compiled graph speaks", "and so does a second stream here"]
+
+    async def frames(settings: FishSettings) -> list[torch.Tensor]:
+        engine = FishEngine("synthetic:tiny", settings)
+        await engine.start()
+        try:
+            streams = [fish_stream(engine) for _ in texts]
+            await asyncio.gather(*(speak(s, [t]) for s, t in zip(streams, texts, strict=True)))
+            out = [frames_of(s)[0] for s in streams]
+            for s in streams:
+                s.close()
+            alone = fish_stream(engine)
+            await speak(alone, ["alone now"])
+            out.append(frames_of(alone)[0])
+            alone.close()
+            if settings.compile:
+                assert sorted(engine.generator.compile_s) == [1, 2]
+            return out
+        finally:
+            await engine.stop()
+
+    eager = await frames(FishSettings(dtype="fp32", max_streams=2))
+    compiled = await frames(FishSettings(dtype="fp32", max_streams=2, compile=True))
+    for want, got in zip(eager, compiled, strict=True):
+        assert torch.equal(want, got)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,35 @@ from streamtts.models.fish.sampling import BatchSampling, SamplingParams, sample
 WINDOW_FRAMES = 16
 
 
+FastCodes = Callable[..., torch.Tensor]
+
+
+def fast_codes(
+    model: DualARTransformer,
+    cache: KVCache,
+    hidden: torch.Tensor,
+    code0: torch.Tensor,
+    sampling: BatchSampling,
+    windows: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Codebooks 1.. of a frame from the fast transformer: hidden [B, D], code0 [B] → [B, C-1].
+
+    Position 0 takes the slow hidden state (its logits are unused upstream); position k the
+    embedding of codebook k-1. Window row k+1 penalises codebook k. One random draw of size K
+    per codebook (upstream order). Shapes depend on B only, so the pass compiles per batch size.
+    """
+    model.fast_step(cache, hidden, 0)
+    code = code0
+    codes = []
+    for k in range(1, model.config.num_codebooks):
+        fast_logits = model.fast_step(cache, model.fast_embeddings(code), k)  # [B, K]
+        window = None if windows is None else windows[:, k + 1]
+        code = sample(fast_logits, sampling, window, generator)  # [B]
+        codes.append(code)
+    return torch.stack(codes, dim=1)  # [B, C-1]
+
+
 def sample_frame(
     model: DualARTransformer,
     cache: KVCache,
@@ -32,26 +62,23 @@ def sample_frame(
     sampling: BatchSampling,
     windows: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    fast: FastCodes = fast_codes,
 ) -> torch.Tensor:
     """Sample one frame per row: logits [B, V], hidden [B, D], windows [B, C+1, W] → [B, C+1] int32.
 
     Row 0 of the frame is the slow token (sampled over the whole vocabulary); codebook 0 is that
     token minus ``<|semantic:0|>``, clamped into the codebook; codebooks 1.. come from the fast
-    transformer. Window row 0 penalises slow tokens, row k+1 codebook k (row 1 is unused).
-    Random draws per call: one of size V, then one of size K per codebook 1.. (upstream order).
+    transformer (``fast``: :func:`fast_codes` or a compiled equivalent). Window row 0 penalises
+    slow tokens, row k+1 codebook k (row 1 is unused). Random draws per call: one of size V,
+    then one of size K per codebook 1.. (upstream order).
     """
     cfg = model.config
     slow_window = None if windows is None else windows[:, 0]
     slow_token = sample(logits, sampling, slow_window, generator)  # [B]
-    model.fast_step(cache, hidden, 0)  # fills fast position 0; its logits are unused upstream
-    code = (slow_token - model.semantic_begin_id).clamp(0, cfg.codebook_size - 1)  # [B]
-    codes = [code]
-    for k in range(1, cfg.num_codebooks):
-        fast_logits = model.fast_step(cache, model.fast_embeddings(code), k)  # [B, K]
-        window = None if windows is None else windows[:, k + 1]
-        code = sample(fast_logits, sampling, window, generator)  # [B]
-        codes.append(code)
-    return torch.stack([slow_token, *codes], dim=1).to(torch.int32)  # [B, C+1]
+    code0 = (slow_token - model.semantic_begin_id).clamp(0, cfg.codebook_size - 1)  # [B]
+    rest = fast(model, cache, hidden, code0, sampling, windows, generator)  # [B, C-1]
+    frame = torch.cat([slow_token[:, None], code0[:, None], rest], dim=1)  # [B, C+1]
+    return frame.to(torch.int32)
 
 
 def prefill_frame(
@@ -84,6 +111,7 @@ def decode_step(
     windows: torch.Tensor,
     sampling: BatchSampling,
     generator: torch.Generator | None = None,
+    fast: FastCodes = fast_codes,
 ) -> torch.Tensor:
     """One decode step for B sequences: previous frames [B, C+1] → next frames [B, C+1] int32.
 
@@ -92,7 +120,7 @@ def decode_step(
     :class:`RepetitionWindows`), sampling with B rows. B must not exceed ``cache.slots``.
     """
     out = model.decode_slow(cache, frames[:, :, None], slots, positions, kv_len)
-    return sample_frame(model, cache, out.logits, out.hidden, sampling, windows, generator)
+    return sample_frame(model, cache, out.logits, out.hidden, sampling, windows, generator, fast)
 
 
 class RepetitionWindows:
