@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from streamtts.segmenter import SegmenterOptions
+
 ENV_PREFIX = "STREAMTTS_"
 
 
@@ -109,6 +111,13 @@ class Settings:
                 raise SettingsError(f"{name} must be >= 1")
         if self.watchdog_interval_s <= 0:
             raise SettingsError("watchdog_interval_s must be > 0")
+
+    def segmenter_options(self) -> SegmenterOptions:
+        return SegmenterOptions(
+            first_segment_min_chars=self.first_segment_min_chars,
+            max_segment_chars=self.max_segment_chars,
+            max_buffer_delay_ms=self.max_buffer_delay_ms,
+        )
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import wave
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from streamtts.audio import encode_samples
 from streamtts.config import Settings
 from streamtts.engine.base import SynthesisOptions
 from streamtts.engine.factory import create_engine
-from streamtts.segmenter import SegmenterOptions, TextSegmenter
+from streamtts.segmenter import segment_text
 
 
 async def synthesize_to_wav(
@@ -23,15 +22,8 @@ async def synthesize_to_wav(
     await engine.start()
     try:
         stream = engine.open_stream(voice or engine.default_voice, SynthesisOptions(speed=speed))
-        segmenter = TextSegmenter(
-            SegmenterOptions(
-                first_segment_min_chars=settings.first_segment_min_chars,
-                max_segment_chars=settings.max_segment_chars,
-                max_buffer_delay_ms=settings.max_buffer_delay_ms,
-            )
-        )
         pieces: list[np.ndarray] = []
-        for segment in segmenter.push(text, time.monotonic() * 1000.0) + segmenter.flush():
+        for segment in segment_text(text, settings.segmenter_options()):
             async for pcm in stream.synthesize(segment):
                 pieces.append(pcm)
         stream.close()

@@ -451,3 +451,9 @@ class TextSegmenter:
         ):
             return last_clause
         return word_start
+
+
+def segment_text(text: str, options: SegmenterOptions | None = None) -> list[str]:
+    """All segments of a complete text (as if pushed at once, then flushed)."""
+    segmenter = TextSegmenter(options)
+    return segmenter.push(text, 0.0) + segmenter.flush()

@@ -12,7 +12,6 @@ shutdown, new requests get 503.
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,10 +22,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from streamtts.audio import StreamingResampler, content_type, make_container_encoder
 from streamtts.config import Settings
 from streamtts.engine.base import Engine, EngineError, EngineStream, SynthesisOptions
-from streamtts.segmenter import TextSegmenter
+from streamtts.segmenter import segment_text
 from streamtts.server.admission import RETRY_AFTER_S, Ticket
 from streamtts.server.state import AppState
-from streamtts.server.stream import segmenter_options
 
 OPENAI_SAMPLE_RATE_HZ = 24_000
 RESPONSE_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
@@ -158,8 +156,7 @@ async def _encoded_audio(
     engine, settings = state.engine, state.settings
     expired = state.lifecycle.expired
     reason = "disconnect"
-    segmenter = TextSegmenter(segmenter_options(settings))
-    segments = segmenter.push(text, time.monotonic() * 1000.0) + segmenter.flush()
+    segments = segment_text(text, settings.segmenter_options())
     resampler = StreamingResampler(engine.sample_rate, OPENAI_SAMPLE_RATE_HZ)
     encoder = make_container_encoder(fmt, OPENAI_SAMPLE_RATE_HZ)
     try:

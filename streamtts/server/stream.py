@@ -18,7 +18,6 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from streamtts.config import Settings
 from streamtts.engine.base import EngineError, SynthesisOptions
 from streamtts.protocol import (
     CloseCode,
@@ -29,7 +28,6 @@ from streamtts.protocol import (
     parse_client_message,
     started,
 )
-from streamtts.segmenter import SegmenterOptions
 from streamtts.server.admission import Ticket
 from streamtts.server.auth import SUBPROTOCOL_SCOPE_KEY
 from streamtts.server.context_runner import ContextRunner
@@ -57,14 +55,6 @@ MAX_PENDING_CONTROL = 256
 SHUTDOWN_FLUSH_S = 2.0
 
 
-def segmenter_options(settings: Settings) -> SegmenterOptions:
-    return SegmenterOptions(
-        first_segment_min_chars=settings.first_segment_min_chars,
-        max_segment_chars=settings.max_segment_chars,
-        max_buffer_delay_ms=settings.max_buffer_delay_ms,
-    )
-
-
 class StreamSocket:
     def __init__(self, ws: WebSocket, state: AppState) -> None:
         self._ws = ws
@@ -74,7 +64,7 @@ class StreamSocket:
         self._session = Session(
             voices=frozenset(v.id for v in self._engine.voices()),
             default_voice=self._engine.default_voice,
-            segmenter_options=segmenter_options(settings),
+            segmenter_options=settings.segmenter_options(),
             limits=SessionLimits(
                 max_contexts=settings.max_contexts_per_socket,
                 max_text_per_context_chars=settings.max_text_per_context_chars,
