@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cadence-ms", type=float, default=40.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default="loadtest.json")
-    parser.add_argument("--png", default="loadtest.png")
+    parser.add_argument("--png", default="loadtest.png", help='chart; "" for none')
     args = parser.parse_args(argv)
     with target_server(args, parser) as url:
         rows = asyncio.run(run(url, args))
@@ -149,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {"url": url, "model": args.model if args.spawn else None, "levels": rows}
     with open(args.json, "w", encoding="utf-8") as out:
         json.dump(result, out, indent=2)
-    chart(rows, args.png, f"streamtts load test ({args.model if args.spawn else url})")
-    print(f"wrote {args.json} and {args.png}", file=sys.stderr)
+    if args.png:
+        chart(rows, args.png, f"streamtts load test ({args.model if args.spawn else url})")
+    print(f"wrote {args.json}" + (f" and {args.png}" if args.png else ""), file=sys.stderr)
     return 0
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -25,6 +25,7 @@ from streamtts.engine.devices import choose_device
 from streamtts.engine.fish_engine import FishEngine, FishSettings, describe_dtype
 from streamtts.models.fish.generate import RepetitionWindows, decode_step, sample_frame
 from streamtts.models.fish.llama import DualARTransformer, KVCache
+from streamtts.models.fish.packed import PackedLinear
 from streamtts.models.fish.sampling import BatchSampling, SamplingParams
 
 FRAMES_PER_S_REALTIME = 44_100 / 2048
@@ -77,7 +78,10 @@ def weight_bytes_per_step(model: DualARTransformer) -> dict[str, int]:
 
     def size(modules: list[torch.nn.Module]) -> int:
         tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        packed = [p for m in modules for p in m.modules() if isinstance(p, PackedLinear)]
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(
+            p.weight_bytes for p in packed
+        )
 
     slow = size([*model.layers, model.norm] + ([model.output] if model.output else []))
     fast = size([*model.fast_layers, model.fast_norm, model.fast_output])
@@ -221,7 +225,6 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
     await engine.start()
     load_s = time.perf_counter() - started_s
     model = engine.generator.model
-    stages = StageBench(model, options)
     result: dict[str, Any] = {
         "model": options.model,
         "dtype": describe_dtype(model),
@@ -230,8 +233,12 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         "load_s": round(load_s, 1),
         "compile_s": round(sum(engine.generator.compile_s.values()), 1),
     }
-    # Stage timings run on a worker thread, like all model work (the loop stays torch-free).
-    stage_figures = await asyncio.to_thread(measure_stages, engine, stages, options, device)
+    # Stage timings run on the generator thread, where all model work runs: a second torch
+    # thread would slow every kernel on the CPU (see streamtts.engine.devices).
+    work = engine.generator.call(
+        lambda: measure_stages(engine, StageBench(model, options), options, device)
+    )
+    stage_figures = cast(dict[str, float], await asyncio.wrap_future(work))
     bandwidth = stage_figures.pop("memory_bandwidth_gb_s")
     result.update(stage_figures)
     progress("  end to end ...")

@@ -32,6 +32,7 @@ from streamtts.engine.devices import (
     DeviceContext,
     choose_device,
     choose_dtype,
+    run_on_own_thread,
     set_cpu_threads,
 )
 from streamtts.engine.fish_models import FishBundle, load_fish_bundle
@@ -40,6 +41,8 @@ from streamtts.engine.handoff import PcmHandoff
 from streamtts.engine.jobs import ChunkSchedule, SegmentJob, StreamSlot
 from streamtts.engine.vocoder import VocoderWorker
 from streamtts.models.fish.incremental import IncrementalDecoder
+from streamtts.models.fish.llama import fuse_gate_up_
+from streamtts.models.fish.packed import can_pack, pack_linears_
 from streamtts.models.fish.prompt import PromptBuilder
 from streamtts.models.fish.quantize import Int8Linear, quantize_int8_
 from streamtts.models.fish.sampling import SamplingParams
@@ -86,7 +89,7 @@ class FishEngine(Engine):
     # ---- lifecycle ----
 
     async def start(self) -> None:
-        await asyncio.to_thread(self._load)
+        await run_on_own_thread(self._load, "fish-load")
         await self._warm_up()
 
     def _load(self) -> None:
@@ -99,11 +102,20 @@ class FishEngine(Engine):
         bundle = load_fish_bundle(self._spec, device, dtype)
         model = bundle.llm.model
         if int8:
+            fuse_gate_up_(model)
             quantize_int8_(model)
+        elif can_pack(model):
+            # A compiled codebook pass packs its own weights (inductor freezing).
+            compiled_part = (model.fast_layers, model.fast_output) if s.compile else ()
+            packed = pack_linears_(model, skip=compiled_part)
+            log.info("packed %d linear layers into oneDNN's layout", packed)
         context_tokens = min(s.context_tokens, model.config.max_seq_len)
         cache = model.allocate_cache(s.max_streams + 1, context_tokens)
         context = DeviceContext(device)
         tokenizer = bundle.llm.tokenizer
+        decoder = IncrementalDecoder(bundle.decoder, device, dtype)
+        # On the CPU the vocoder runs on the generator thread: one torch thread (see devices).
+        vocoder = VocoderWorker(decoder, context, self._on_fatal, inline=not context.is_cuda)
         self._generator = GeneratorWorker(
             model,
             cache,
@@ -112,10 +124,10 @@ class FishEngine(Engine):
             context,
             GeneratorConfig(s.prefill_chunk_tokens, context_tokens, s.max_lead_s, s.compile),
             self._on_fatal,
+            after_iteration=vocoder.drain if vocoder.inline else lambda: None,
         )
-        decoder = IncrementalDecoder(bundle.decoder, device, dtype)
         self.sample_rate = decoder.sample_rate
-        self._vocoder = VocoderWorker(decoder, context, self._on_fatal)
+        self._vocoder = vocoder
         self._bundle = bundle
         self._generator.start()
         self._vocoder.start()

@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -75,7 +76,23 @@ class _Stop:
     pass
 
 
-_Command = _Submit | _Release | _Wake | _Stop
+@dataclass(frozen=True)
+class _Call:
+    fn: Callable[[], object]
+    future: Future[object]
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn()
+        except BaseException as exc:  # the caller gets it; the generator carries on
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+
+_Command = _Submit | _Release | _Wake | _Stop | _Call
 
 
 class GeneratorWorker:
@@ -88,6 +105,7 @@ class GeneratorWorker:
         device: DeviceContext,
         config: GeneratorConfig,
         on_fatal: Callable[[BaseException], None],
+        after_iteration: Callable[[], None] = lambda: None,
     ) -> None:
         self._model = model
         self._cache = cache
@@ -96,6 +114,7 @@ class GeneratorWorker:
         self._device = device
         self._config = config
         self._on_fatal = on_fatal
+        self._after_iteration = after_iteration  # e.g. the inline vocoder's drain
         self._prefix_slot = cache.slots - 1  # reserved for the shared system prompt
         self._prefix_tokens = prompts.prefix()  # [C+1, P0]
         self._free_slots = list(range(cache.slots - 1))
@@ -148,6 +167,12 @@ class GeneratorWorker:
     def wake(self) -> None:
         self._inbox.put(_Wake())
 
+    def call(self, fn: Callable[[], object]) -> Future[object]:
+        """Run ``fn`` on the generator thread between iterations (benchmarks measure there)."""
+        future: Future[object] = Future()
+        self._inbox.put(_Call(fn, future))
+        return future
+
     def release(self, stream: StreamSlot) -> None:
         """The stream is closed: its slot is free at once, its work dropped.
 
@@ -170,6 +195,7 @@ class GeneratorWorker:
                 self._prefill_prefix()
                 while self._take_commands():
                     self._iterate()
+                    self._after_iteration()
         except BaseException as exc:  # the worker is dead: say so loudly, fail everything
             log.exception("generator thread died")
             for job in self._jobs:
@@ -177,7 +203,7 @@ class GeneratorWorker:
             self._on_fatal(exc)
 
     def _compile(self) -> None:
-        compiled = CompiledFastCodes(self.capacity)
+        compiled = CompiledFastCodes(self.capacity, self._model.device)
         compiled.warm_up(self._model, self._cache)
         self.compile_s = compiled.compile_s
         self._fast = compiled
@@ -201,6 +227,8 @@ class GeneratorWorker:
                 self._jobs.append(command.job)
             elif isinstance(command, _Release):
                 self._drop_stream(command.stream)
+            elif isinstance(command, _Call):
+                command.run()
 
     def _drop_stream(self, stream: StreamSlot) -> None:
         self._jobs = [j for j in self._jobs if j.stream is not stream]

@@ -4,6 +4,10 @@ Each stream keeps its decoder state for its whole life, so audio is continuous a
 segments (no seams, unlike upstream's per-chunk decode from a zero state). Work arrives as
 code chunks from the generator thread; all chunks waiting at once are decoded in one batched
 forward (several chunks of one stream are concatenated first).
+
+On the CPU the worker runs *inline*: no thread of its own; the generator thread calls
+:meth:`VocoderWorker.drain` after each iteration (see :mod:`streamtts.engine.devices` for why
+the CPU gets one torch thread).
 """
 
 from __future__ import annotations
@@ -49,10 +53,13 @@ class VocoderWorker:
         decoder: IncrementalDecoder,
         device: DeviceContext,
         on_fatal: Callable[[BaseException], None],
+        inline: bool = False,
     ) -> None:
         self._decoder = decoder
         self._device = device
         self._on_fatal = on_fatal
+        self.inline = inline
+        self._stopped = False
         self._inbox: queue.SimpleQueue[_Chunk | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="vocoder", daemon=True)
 
@@ -64,14 +71,30 @@ class VocoderWorker:
         return VocoderStream(self._decoder.new_state())
 
     def start(self) -> None:
-        self._thread.start()
+        if not self.inline:
+            self._thread.start()
 
     def stop(self) -> None:
-        self._inbox.put(None)
-        self._thread.join(timeout=10)
+        self._stopped = True
+        if not self.inline:
+            self._inbox.put(None)
+            self._thread.join(timeout=10)
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        return not self._stopped if self.inline else self._thread.is_alive()
+
+    def drain(self) -> None:
+        """Inline mode: decode every chunk waiting now, on the calling (generator) thread."""
+        chunks = []
+        while True:
+            try:
+                chunk = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if chunk is not None:
+                chunks.append(chunk)
+        if chunks and not self._stopped:
+            self._decode(chunks)
 
     def submit(self, stream: VocoderStream, codes: torch.Tensor, final: bool) -> None:
         """Called on the generator thread: ``codes`` [C, n] are ready after its current work."""

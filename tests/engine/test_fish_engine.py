@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -245,3 +246,28 @@ async def test_a_compiled_codebook_pass_generates_what_eager_does() -> None:
     compiled = await frames(FishSettings(dtype="fp32", max_streams=2, compile=True))
     for want, got in zip(eager, compiled, strict=True):
         assert torch.equal(want, got)
+
+
+async def test_cpu_engine_runs_all_torch_work_on_one_thread(engine: FishEngine) -> None:
+    """On the CPU the vocoder is inline on the generator thread (see engine.devices)."""
+    names = {t.name for t in threading.enumerate()}
+    assert "generator" in names and "vocoder" not in names and "fish-load" not in names
+    stream = fish_stream(engine)
+    audio = await speak(stream, ["Inline vocoder."])
+    stream.close()
+    assert audio.size > 0 and audio.size % FRAME_SAMPLES == 0
+    assert engine.healthy()
+
+
+async def test_generator_call_runs_between_iterations_on_its_thread(engine: FishEngine) -> None:
+    where = await asyncio.wrap_future(
+        engine.generator.call(lambda: threading.current_thread().name)
+    )
+    assert where == "generator"
+
+    def broken() -> None:
+        raise ValueError("bench bug")
+
+    with pytest.raises(ValueError, match="bench bug"):
+        await asyncio.wrap_future(engine.generator.call(broken))
+    assert engine.healthy()  # the caller's error does not kill the worker

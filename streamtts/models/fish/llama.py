@@ -45,23 +45,35 @@ def padded_kv_len(kv_len: int, max_seq_len: int) -> int:
 def rope_table(
     num_positions: int, head_dim: int, base: float, device: torch.device
 ) -> torch.Tensor:
-    """cos/sin of ``p / base^(2i/Dh)``: ``[num_positions, Dh/2, 2]`` in bf16."""
+    """Rotation table ``[num_positions, 2, Dh]`` in fp32: row 0 ``cos`` and row 1 ``±sin``.
+
+    The angles are ``p / base^(2i/Dh)``; cos/sin are rounded to bf16 (upstream) and widened back.
+    Row 0 holds ``cos_i`` at both 2i and 2i+1; row 1 holds ``-sin_i`` at 2i and ``+sin_i`` at
+    2i+1, the layout :func:`apply_rope` multiplies with.
+    """
     exponents = torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim
     inv_freq = 1.0 / (base**exponents)  # [Dh/2] fp32
     positions = torch.arange(num_positions, device=device)
     angle = torch.outer(positions, inv_freq)  # [P, Dh/2] fp32
-    table = torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1)  # [P, Dh/2, 2]
-    return table.to(ROPE_TABLE_DTYPE)
+    cos = torch.cos(angle).to(ROPE_TABLE_DTYPE).float()  # [P, Dh/2]
+    sin = torch.sin(angle).to(ROPE_TABLE_DTYPE).float()
+    cos_rows = cos.repeat_interleave(2, dim=-1)  # [P, Dh]
+    sin_rows = torch.stack([-sin, sin], dim=-1).flatten(-2)  # [P, Dh]
+    return torch.stack([cos_rows, sin_rows], dim=1)  # [P, 2, Dh]
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate consecutive pairs (2i, 2i+1) in fp32. x: [B,S,N,Dh]; table: [B|1, S, Dh/2, 2]."""
-    pairs = x.float().reshape(*x.shape[:-1], x.shape[-1] // 2, 2)  # [B,S,N,Dh/2,2]
-    cos = table[..., 0].unsqueeze(2)  # [B,S,1,Dh/2]
-    sin = table[..., 1].unsqueeze(2)
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
-    return rotated.flatten(3).type_as(x)
+    """Rotate consecutive pairs (2i, 2i+1) in fp32. x: [B,S,N,Dh]; table: [B|1, S, 2, Dh].
+
+    Upstream computes ``(e·cos − o·sin, o·cos + e·sin)``; ``x·cos + swap(x)·(∓sin)`` rounds every
+    product and sum identically (negation is exact), in fewer kernels.
+    """
+    x32 = x.float()  # [B,S,N,Dh]
+    swapped = x32.reshape(*x32.shape[:-1], -1, 2).flip(-1).flatten(-2)  # (o0, e0, o1, e1...)
+    cos = table[:, :, None, 0]  # [B|1,S,1,Dh]
+    sin = table[:, :, None, 1]
+    rotated: torch.Tensor = x32 * cos + swapped * sin
+    return rotated.type_as(x)
 
 
 class RMSNorm(nn.Module):
@@ -84,10 +96,35 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
         self.w3 = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
         self.w2 = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
+        self.w13: nn.Module | None = None  # w1 and w3 stacked, once fused
+
+    def fuse_gate_up(self) -> None:
+        """Replace ``w1`` and ``w3`` by one ``[2I, D]`` layer (one wide product per call)."""
+        if self.w13 is not None:
+            return
+        inter, dim = self.w1.weight.shape
+        fused = nn.Linear(dim, 2 * inter, bias=False, device="meta")
+        fused.weight = nn.Parameter(
+            torch.cat([self.w1.weight, self.w3.weight]), requires_grad=False
+        )
+        self.w13 = fused
+        del self.w1, self.w3
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if self.w13 is not None:
+            gate, up = self.w13(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.w1(x), self.w3(x)
+        out: torch.Tensor = self.w2(F.silu(gate) * up)
         return out
+
+
+def fuse_gate_up_(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> None:
+    """:meth:`FeedForward.fuse_gate_up` on every feed-forward of ``model`` outside ``skip``."""
+    skipped = {id(m) for part in skip for m in part.modules()}
+    for module in model.modules():
+        if isinstance(module, FeedForward) and id(module) not in skipped:
+            module.fuse_gate_up()
 
 
 class Attention(nn.Module):
@@ -108,9 +145,10 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         q_dim = self.n_head * self.head_dim
         kv_dim = self.n_kv_head * self.head_dim
-        q, k, v = self.wqkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)
-        q = apply_rope(q.view(b, s, self.n_head, self.head_dim), rope)  # [B,S,H,Dh]
-        k = apply_rope(k.view(b, s, self.n_kv_head, self.head_dim), rope)  # [B,S,G,Dh]
+        qk, v = self.wqkv(x).split([q_dim + kv_dim, kv_dim], dim=-1)
+        heads = self.n_head + self.n_kv_head
+        qk = apply_rope(qk.reshape(b, s, heads, self.head_dim), rope)  # [B,S,H+G,Dh]
+        q, k = torch.split(qk, [self.n_head, self.n_kv_head], dim=2)  # [B,S,H,Dh], [B,S,G,Dh]
         v = v.view(b, s, self.n_kv_head, self.head_dim)
         y = attend(layer, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # [B,H,S,Dh]
         out: torch.Tensor = self.wo(y.transpose(1, 2).reshape(b, s, q_dim))
@@ -138,16 +176,20 @@ def expand_kv(x: torch.Tensor, n_head: int) -> torch.Tensor:
     return x.repeat_interleave(n_head // x.shape[1], dim=1)
 
 
-def explicit_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """``softmax(q kᵀ / √Dh + bias) v`` in the model dtype; bias = -inf where mask is False.
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[S, L] bool (True = attend) → [S, L] additive bias: 0 or -inf."""
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return bias.masked_fill(mask.logical_not(), float("-inf"))
 
-    q: [B,H,S,Dh]; k, v: [B,G,L,Dh]; mask: [S, L] bool (True = attend) → [B,H,S,Dh].
+
+def explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
+    """``softmax(q kᵀ / √Dh + bias) v`` in the model dtype.
+
+    q: [B,H,S,Dh]; k, v: [B,G,L,Dh]; bias: [S, L] from :func:`attention_bias` → [B,H,S,Dh].
     """
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
-    bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
-    bias = bias.masked_fill(mask.logical_not(), float("-inf"))  # [S, L]
     scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]))  # [B,H,S,L]
     scores = scores + bias
     return torch.softmax(scores, dim=-1) @ v
@@ -286,7 +328,7 @@ class DualARTransformer(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         x = self.embed(tokens)  # [B,T,D]
-        rope = self.slow_rope[: x.shape[1]][None]  # [1,T,Dh/2,2]
+        rope = self.slow_rope[: x.shape[1]][None]  # [1,T,2,Dh]
         hidden = self._slow_stack(x, rope, attend)
         return SlowOutput(self._head(hidden), hidden)
 
@@ -325,7 +367,7 @@ class DualARTransformer(nn.Module):
             )
 
         x = self.embed(tokens[None])  # [1,S,D]
-        rope = self.slow_rope[start_pos:end][None]  # [1,S,Dh/2,2]
+        rope = self.slow_rope[start_pos:end][None]  # [1,S,2,Dh]
         hidden = self._slow_stack(x, rope, attend)[0]  # [S,D]
         if not return_all:
             hidden = hidden[-1]  # [D]
@@ -362,7 +404,7 @@ class DualARTransformer(nn.Module):
             )
 
         x = self.embed(tokens)  # [B,1,D]
-        rope = self.slow_rope[positions][:, None]  # [B,1,Dh/2,2]
+        rope = self.slow_rope[positions][:, None]  # [B,1,2,Dh]
         hidden = self._slow_stack(x, rope, attend)[:, 0]  # [B,D]
         return SlowOutput(self._head(hidden), hidden)
 
@@ -383,6 +425,7 @@ class DualARTransformer(nn.Module):
         b = x.shape[0]
         c = self.config.num_codebooks
         mask = (torch.arange(c, device=x.device) <= codebook_pos)[None, :]  # [1, C]
+        bias = attention_bias(mask, x.dtype)  # [1, C]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             fast_k, fast_v = cache.fast_k[layer, :b], cache.fast_v[layer, :b]  # [B,G,C,Dh]
@@ -391,9 +434,9 @@ class DualARTransformer(nn.Module):
                 fast_v.zero_()
             fast_k[:, :, codebook_pos] = k[:, :, 0]
             fast_v[:, :, codebook_pos] = v[:, :, 0]
-            return explicit_attention(q, fast_k, fast_v, mask)
+            return explicit_attention(q, fast_k, fast_v, bias)
 
-        rope = self.fast_rope[codebook_pos : codebook_pos + 1][None]  # [1,1,Dh/2,2]
+        rope = self.fast_rope[codebook_pos : codebook_pos + 1][None]  # [1,1,2,Dh]
         return self._fast_stack(x[:, None], rope, attend)[:, 0]
 
     def forward_fast_train(self, hidden: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
@@ -401,9 +444,10 @@ class DualARTransformer(nn.Module):
         x = torch.cat([hidden[:, None], self.fast_embeddings(codes.long())], dim=1)  # [N,C,D]
         c = x.shape[1]
         mask = torch.ones(c, c, dtype=torch.bool, device=x.device).tril()  # [C, C]
+        bias = attention_bias(mask, x.dtype)  # [C, C]
 
         def attend(_: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return explicit_attention(q, k, v, mask)
+            return explicit_attention(q, k, v, bias)
 
         return self._fast_stack(x, self.fast_rope[:c][None], attend)
 

@@ -8,12 +8,17 @@ import torch
 from streamtts.models.fish.generate import WINDOW_FRAMES, RepetitionWindows, prefill_frame
 from streamtts.models.fish.prompt import PromptBuilder
 from streamtts.models.fish.sampling import (
+    COUNTING_MIN_VOCAB,
     BatchSampling,
     SamplingParams,
     apply_repetition_penalty,
     apply_temperature,
+    descending_rank,
+    float16_values_descending,
     sample,
     top_p_filter,
+    top_p_filter_by_counting,
+    top_p_filter_by_sorting,
 )
 from streamtts.models.fish.synthetic import load_synthetic
 
@@ -147,3 +152,56 @@ def test_frame_consumes_rng_like_upstream(dtype: torch.dtype) -> None:
     for _ in range(cfg.num_codebooks - 1):
         torch.empty(cfg.codebook_size, dtype=dtype).exponential_(1)
     assert torch.equal(after_frame, torch.rand(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def testdescending_rank_orders_every_16_bit_value(dtype: torch.dtype) -> None:
+    patterns = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    finite = patterns[torch.isfinite(patterns)]
+    rank = descending_rank(finite)
+    assert sorted(set(rank.tolist())) == sorted(rank.tolist())  # one rank per pattern
+    by_rank = finite[rank.argsort()].float()
+    assert bool((by_rank[:-1] >= by_rank[1:]).all())  # ±0 tie, everything else strictly falls
+    assert torch.equal(float16_values_descending(dtype, finite.device)[rank], finite)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale", [0.05, 0.64, 4.0, 30.0])
+def test_counting_filter_keeps_what_sorting_keeps(dtype: torch.dtype, scale: float) -> None:
+    """Same kept count always; the same set up to equal logits straddling the cut."""
+    gen = torch.Generator().manual_seed(int(scale * 100))
+    for trial in range(12):
+        logits = (torch.randn(3, 20000, generator=gen) * scale).to(dtype)
+        logits[0, trial] = 40.0  # one dominant token in row 0
+        top_p = torch.rand(3, generator=gen) * 0.98 + 0.01
+        by_sort = torch.isfinite(top_p_filter_by_sorting(logits, top_p))
+        by_count = torch.isfinite(top_p_filter_by_counting(logits, top_p))
+        assert torch.equal(by_sort.sum(-1), by_count.sum(-1))
+        for row in range(3):
+            cut = logits[row][by_count[row]].float().min()
+            differ = by_sort[row] != by_count[row]
+            assert bool((logits[row][differ].float() == cut).all())  # only ties at the cut
+            assert bool((logits[row][~by_count[row]].float() <= cut).all())
+            assert bool(by_count[row][logits[row].float() > cut].all())
+
+
+def test_counting_filter_edges() -> None:
+    logits = (torch.randn(2, 9000) * 2).bfloat16()
+    everything = top_p_filter_by_counting(logits, torch.tensor([1.0, 1.0]))
+    assert bool(torch.isfinite(everything).all())
+    only_top = torch.isfinite(top_p_filter_by_counting(logits, torch.tensor([1e-6, 1e-6])))
+    assert only_top.sum(-1).tolist() == [1, 1]
+    assert torch.equal(only_top.float().argmax(-1), logits.float().argmax(-1))
+    flat = torch.zeros(1, 9000, dtype=torch.bfloat16)  # all tied: the lowest ids stay
+    kept = torch.isfinite(top_p_filter_by_counting(flat, torch.tensor([0.5])))
+    assert kept[0].nonzero().flatten().tolist() == list(range(int(kept.sum())))
+
+
+def test_large_16_bit_vocabularies_take_the_counting_filter() -> None:
+    logits = (torch.randn(1, COUNTING_MIN_VOCAB) * 3).bfloat16()
+    top_p = torch.tensor([0.6])
+    assert torch.equal(top_p_filter(logits, top_p), top_p_filter_by_counting(logits, top_p))
+    small = logits[:, :1000]
+    assert torch.equal(top_p_filter(small, top_p), top_p_filter_by_sorting(small, top_p))
+    wide = logits.float()
+    assert torch.equal(top_p_filter(wide, top_p), top_p_filter_by_sorting(wide, top_p))

@@ -1,0 +1,73 @@
+"""Linear layers with weights pre-packed into oneDNN's blocked layout (CPU, bf16).
+
+``F.linear`` on a bf16 CPU tensor already runs oneDNN, but reorders the plain ``[out, in]``
+weight into oneDNN's blocked layout on every call. A decode step multiplies one activation row
+by each weight once, so that per-call reorder doubles the bytes moved. Packing once at load
+removes it; the kernel, and so every result bit, stays the same (checked by the tests against
+``F.linear`` for 1..300 rows). Measured on the 2-core dev CPU, one bf16 row through distinct
+weights beyond the caches: 8192x1024 in 0.26 ms instead of 0.59 ms, the 102048x1024 output
+head in 2.7 ms instead of 7.2 ms (65-77 GB/s against ~28 GB/s).
+
+Packing also fuses each SwiGLU's gate and up projections (``w1``, ``w3``) into one matrix:
+one wide product reads at a higher rate than two half-width ones, with identical rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from streamtts.models.fish.llama import fuse_gate_up_
+
+
+class PackedLinear(nn.Module):
+    """``y = x @ weightᵀ`` with the weight held in oneDNN's blocked layout (no bias)."""
+
+    packed: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = (int(n) for n in weight.shape)
+        self.weight_bytes = weight.numel() * weight.element_size()
+        # The batch-size hint only picks the blocking; any row count is accepted afterwards.
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return y
+
+
+def can_pack(model: nn.Module) -> bool:
+    """Packing applies to a bf16 model on a CPU whose oneDNN has bf16 kernels."""
+    weight = next(model.parameters())
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    )
+
+
+def pack_linears_(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> int:
+    """Fuse SwiGLU gate/up and pack every bias-free ``nn.Linear`` of ``model`` in place.
+
+    Modules inside ``skip`` stay as they are (e.g. a part handed to ``torch.compile``, whose
+    freezing packs weights itself). Returns how many layers were packed.
+    """
+    fuse_gate_up_(model, skip)
+    skipped = {id(m) for part in skip for m in part.modules()}
+    targets = [
+        (parent, name)
+        for parent in model.modules()
+        if id(parent) not in skipped
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear) and child.bias is None and id(child) not in skipped
+    ]
+    # One layer at a time, so each plain weight is freed as soon as its packed copy exists.
+    for parent, name in targets:
+        setattr(parent, name, PackedLinear(getattr(parent, name).weight))
+    return len(targets)
+
+
+def is_packed(model: nn.Module) -> bool:
+    return any(isinstance(m, PackedLinear) for m in model.modules())

@@ -1,0 +1,82 @@
+"""Packed oneDNN linear layers: the same bits as ``F.linear``, fewer bytes moved."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from streamtts.models.fish.generate import RepetitionWindows, decode_step
+from streamtts.models.fish.llama import FeedForward
+from streamtts.models.fish.packed import PackedLinear, can_pack, is_packed, pack_linears_
+from streamtts.models.fish.sampling import BatchSampling, SamplingParams
+from streamtts.models.fish.synthetic import load_synthetic
+
+needs_bf16_onednn = pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 kernels here"
+)
+
+
+@needs_bf16_onednn
+@pytest.mark.parametrize("shape", [(160, 64), (1280, 1024), (1024, 4096)])
+def test_packed_linear_equals_f_linear_for_any_row_count(shape: tuple[int, int]) -> None:
+    weight = (torch.randn(*shape) * 0.02).bfloat16()
+    layer = PackedLinear(weight)
+    assert (layer.out_features, layer.in_features) == shape
+    assert layer.weight_bytes == weight.numel() * 2
+    for rows in (1, 3, 16, 300):
+        x = torch.randn(rows, shape[1]).bfloat16()
+        assert torch.equal(layer(x), F.linear(x, weight))
+    x3 = torch.randn(2, 5, shape[1]).bfloat16()
+    assert torch.equal(layer(x3), F.linear(x3, weight))
+
+
+def test_fused_gate_up_gives_the_same_bits() -> None:
+    model = load_synthetic("tiny", torch.bfloat16, "cpu", seed=3).model
+    ffn = model.layers[0].feed_forward
+    assert isinstance(ffn, FeedForward)
+    x = torch.randn(4, 64).bfloat16()
+    before = ffn(x)
+    ffn.fuse_gate_up()
+    assert not hasattr(ffn, "w1") and ffn.w13 is not None
+    assert torch.equal(ffn(x), before)
+
+
+@needs_bf16_onednn
+@torch.inference_mode()
+def test_packed_model_decodes_bit_identically() -> None:
+    plain = load_synthetic("tiny", torch.bfloat16, "cpu", seed=5).model
+    packed = load_synthetic("tiny", torch.bfloat16, "cpu", seed=5).model
+    assert can_pack(packed)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    ffns = sum(isinstance(m, FeedForward) for m in packed.modules())
+    assert pack_linears_(packed) == linears - ffns  # w1 + w3 became one layer each
+    assert is_packed(packed) and not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    prompt = torch.randint(0, 500, (9, 40))
+    outputs = []
+    for model in (plain, packed):
+        cache = model.allocate_cache(2, 128)
+        prefill = model.prefill(cache, prompt, 1, 0)
+        frames = torch.zeros(1, 9, dtype=torch.int32)
+        frames[0, 0] = model.semantic_begin_id + 3
+        windows = RepetitionWindows(2, 9).gather(torch.tensor([1]))
+        sampling = BatchSampling.from_params([SamplingParams(top_p=1e-4)])
+        step = decode_step(
+            model, cache, frames, torch.tensor([1]), torch.tensor([40]), 41, windows, sampling
+        )
+        outputs.append((prefill.logits, prefill.hidden, step, cache.k.clone()))
+    for a, b in zip(*outputs, strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_bf16_onednn
+def test_skipped_parts_stay_plain() -> None:
+    model = load_synthetic("tiny", torch.bfloat16, "cpu", seed=1).model
+    pack_linears_(model, skip=(model.fast_layers, model.fast_output))
+    assert isinstance(model.fast_output, torch.nn.Linear)
+    assert isinstance(model.fast_layers[0].feed_forward.w1, torch.nn.Linear)
+    assert isinstance(model.layers[0].attention.wqkv, PackedLinear)
+
+
+def test_only_bf16_cpu_models_pack() -> None:
+    assert not can_pack(load_synthetic("tiny", torch.float32, "cpu", seed=1).model)
