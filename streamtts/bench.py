@@ -32,6 +32,7 @@ FRAMES_PER_S_REALTIME = 44_100 / 2048
 SENTENCE_60_CHARS = "The weather is lovely today, so let us walk down to the sea."
 BANDWIDTH_BYTES = 1 << 30
 KV_POSITION = 256  # decode steps are timed with this many cached positions
+LONG_KV_POSITION = 2048  # ... and the slow step once more, as deep into a conversation
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,20 @@ class StageBench:
         return median_ms(
             lambda: self.model.decode_slow(
                 self.cache, frames[:, :, None], slots, positions, KV_POSITION + 1
+            ),
+            self.options.repeats,
+            self.device,
+        )
+
+    def long_context_slow_step_ms(self) -> float:
+        """The slow step of one stream with :data:`LONG_KV_POSITION` cached positions."""
+        length = min(LONG_KV_POSITION + 64, self.model.config.max_seq_len)
+        cache = self.model.allocate_cache(1, length)
+        frames, slots, _ = self._batch(1)
+        positions = torch.full((1,), length - 64, device=self.device)
+        return median_ms(
+            lambda: self.model.decode_slow(
+                cache, frames[:, :, None], slots, positions, length - 63
             ),
             self.options.repeats,
             self.device,
@@ -207,6 +222,8 @@ def measure_stages(
             result[f"step_ms_b{batch}"] = round(stages.step_ms(batch), 1)
             per_s = 1000.0 * batch / result[f"step_ms_b{batch}"]
             result[f"decode_frames_per_s_b{batch}"] = round(per_s, 1)
+        progress(f"  batch 1 slow step at {LONG_KV_POSITION} cached positions ...")
+        result["slow_step_ms_b1_long_context"] = round(stages.long_context_slow_step_ms(), 1)
         progress("  vocoder ...")
         result["vocoder_rtf"] = round(vocoder_rtf(engine), 3)
         progress("  memory bandwidth ...")

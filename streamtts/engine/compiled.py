@@ -1,12 +1,12 @@
 """An optional ``torch.compile`` of the per-frame codebook pass (fast transformer + sampling).
 
 The codebook pass runs the 4-layer fast transformer at 8 positions per frame; eager, its many
-small kernels are dispatch-bound (measured on the 2-core CPU at batch 1, bf16: 41.9 ms eager,
-24.5 ms compiled with inductor freezing). Its shapes depend only on the batch size, so it is
-compiled once per batch bucket (1, 2, 4, 8, ... up to the slots) and the batch is padded up to
-its bucket; on CUDA with ``mode="reduce-overhead"``, so each bucket replays as a CUDA graph. Compiled graphs are cached on disk by inductor (``TORCHINDUCTOR_CACHE_DIR``), so
-later starts reuse them. Sampling inside a compiled graph draws from inductor's RNG: seeded
-results differ from eager ones; greedy results do not.
+small kernels are dispatch-bound. Its shapes depend only on the batch size, so it is compiled
+once per batch bucket (1, 2, 4, 8, ... up to the slots) and the batch is padded up to its
+bucket; on CUDA with ``mode="reduce-overhead"``, so each bucket replays as a CUDA graph.
+Compiled graphs are cached on disk by inductor (``TORCHINDUCTOR_CACHE_DIR``), so later starts
+reuse them. Sampling inside a compiled graph draws from inductor's RNG: seeded results differ
+from eager ones; greedy results do not. Figures: docs/operations.md, "Performance".
 """
 
 from __future__ import annotations

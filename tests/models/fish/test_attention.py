@@ -1,0 +1,30 @@
+"""The fp32 decode attention against torch's fused kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from streamtts.models.fish.llama import attention_bias, decode_attention
+
+
+@pytest.mark.parametrize("keys", [7, 320, 2048])
+def test_decode_attention_is_the_exact_attention_rounded_once(keys: int) -> None:
+    gen = torch.Generator().manual_seed(keys)
+    q = torch.randn(3, 16, 1, 64, generator=gen).bfloat16()
+    k = torch.randn(3, 2, keys, 64, generator=gen).bfloat16()
+    v = torch.randn(3, 2, keys, 64, generator=gen).bfloat16()
+    positions = torch.tensor([0, keys // 2, keys - 1])  # each row sees its own prefix
+    mask = (torch.arange(keys)[None, :] <= positions[:, None])[:, None, None, :]  # [B,1,1,L]
+    got = decode_attention(q, k, v, attention_bias(mask, torch.float32))
+    assert got.dtype == torch.bfloat16 and got.shape == (3, 16, 1, 64)
+    exact = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=mask, enable_gqa=True
+    )
+    # Rounded once: within half a bf16 step of each exact value (plus fp32 accumulation noise).
+    assert bool(((got.double() - exact).abs() <= 2.0**-8 * exact.abs() + 1e-5).all())
+    assert torch.equal(got[0], v[0, :, :1].repeat_interleave(8, dim=0))  # one key: its value
+    fused = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    step = 2.0**-7 * fused.float().abs().amax(dim=-1, keepdim=True).clamp(min=1)
+    assert bool(((got.float() - fused.float()).abs() <= step).all())
