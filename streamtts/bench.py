@@ -23,7 +23,13 @@ import torch
 from streamtts.engine.base import SynthesisOptions
 from streamtts.engine.devices import choose_device
 from streamtts.engine.fish_engine import FishEngine, FishSettings, describe_dtype
-from streamtts.models.fish.generate import RepetitionWindows, decode_step, sample_frame
+from streamtts.models.fish.generate import (
+    FastCodes,
+    RepetitionWindows,
+    decode_step,
+    fast_codes,
+    sample_frame,
+)
 from streamtts.models.fish.llama import DualARTransformer, KVCache
 from streamtts.models.fish.packed import PackedLinear
 from streamtts.models.fish.sampling import BatchSampling, SamplingParams
@@ -91,9 +97,12 @@ def weight_bytes_per_step(model: DualARTransformer) -> dict[str, int]:
 
 
 class StageBench:
-    def __init__(self, model: DualARTransformer, options: BenchOptions) -> None:
+    def __init__(
+        self, model: DualARTransformer, options: BenchOptions, fast: FastCodes = fast_codes
+    ) -> None:
         self.model = model
         self.options = options
+        self.fast = fast  # the engine's codebook pass (compiled with --compile)
         self.device = model.device
         slots = max(options.batches)
         self.cache: KVCache = model.allocate_cache(slots, min(1024, model.config.max_seq_len))
@@ -136,14 +145,17 @@ class StageBench:
         )
 
     def fast_ms(self, batch: int) -> float:
-        """The codebook transformer and sampling for one frame per row."""
+        """Sampling and the codebook transformer for one frame per row (as a decode step runs)."""
         hidden = torch.randn(batch, self.model.config.dim, device=self.device)
         hidden = hidden.to(self.model.dtype)
         logits = torch.randn(batch, self.model.config.vocab_size, device=self.device)
         logits = logits.to(self.model.dtype)
         sampling = BatchSampling.from_params([SamplingParams()] * batch, self.device)
+        windows = self.windows.gather(torch.arange(batch, device=self.device))
         return median_ms(
-            lambda: sample_frame(self.model, self.cache, logits, hidden, sampling),
+            lambda: sample_frame(
+                self.model, self.cache, logits, hidden, sampling, windows, fast=self.fast
+            ),
             self.options.repeats,
             self.device,
         )
@@ -162,6 +174,7 @@ class StageBench:
                 KV_POSITION + 1,
                 windows,
                 sampling,
+                fast=self.fast,
             ),
             self.options.repeats,
             self.device,
@@ -253,7 +266,9 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
     # Stage timings run on the generator thread, where all model work runs: a second torch
     # thread would slow every kernel on the CPU (see streamtts.engine.devices).
     work = engine.generator.call(
-        lambda: measure_stages(engine, StageBench(model, options), options, device)
+        lambda: measure_stages(
+            engine, StageBench(model, options, engine.generator.fast_codes), options, device
+        )
     )
     stage_figures = cast(dict[str, float], await asyncio.wrap_future(work))
     bandwidth = stage_figures.pop("memory_bandwidth_gb_s")

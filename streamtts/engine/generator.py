@@ -135,6 +135,11 @@ class GeneratorWorker:
         return self._model
 
     @property
+    def fast_codes(self) -> FastCodes:
+        """The codebook pass decode steps use: eager, or compiled per batch bucket."""
+        return self._fast
+
+    @property
     def capacity(self) -> int:
         return self._cache.slots - 1
 
