@@ -191,8 +191,10 @@ def test_stop_barges_in(player: PageUnderTest) -> None:
     player.wait(FIRST_AUDIO_ARRIVED, FIRST_AUDIO_TIMEOUT_MS)
     page.click("#stop")
     at_stop = player.stats()
-    assert at_stop["state"] == "cancelling"
-    assert at_stop["lastDone"] is None, "the long text finished before Stop; make it longer"
+    # On loopback the server's `done` can arrive before the page is read back.
+    assert at_stop["state"] in ("cancelling", "cancelled"), at_stop["state"]
+    if at_stop["lastDone"] is not None:
+        assert at_stop["lastDone"]["reason"] == "cancel", "the long text ended before Stop"
 
     player.wait(DONE_FOR_CURRENT, CANCEL_TIMEOUT_MS)
     page.wait_for_timeout(QUIET_AFTER_DONE_MS)
