@@ -127,7 +127,7 @@ def top_p_filter_by_counting(logits: torch.Tensor, top_p: torch.Tensor) -> torch
     patterns = table.shape[0]
     rank = descending_rank(logits)  # [B, V] int32: 0 = largest value
     row_offset = torch.arange(b, device=device, dtype=torch.int32)[:, None] * patterns  # [B, 1]
-    counts = torch.bincount((rank + row_offset).flatten(), minlength=b * patterns)  # [B*P]
+    counts = _histogram((rank + row_offset).flatten(), b * patterns)  # [B*P]
     sorted_logits = table.repeat(b).repeat_interleave(counts, output_size=b * v).view(b, v)
     cum_probs = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)  # [B, V]
     remove_sorted = cum_probs > top_p.to(cum_probs.dtype)[:, None]  # [B, V], a suffix
@@ -139,6 +139,20 @@ def top_p_filter_by_counting(logits: torch.Tensor, top_p: torch.Tensor) -> torch
     room = kept - above.sum(dim=-1, keepdim=True)  # [B, 1] how many cut-value tokens stay
     keep = above | (at_cut & (torch.cumsum(at_cut, dim=-1) <= room))
     return logits.masked_fill(keep.logical_not(), float("-inf"))
+
+
+def _histogram(index: torch.Tensor, bins: int, sync_free: bool | None = None) -> torch.Tensor:
+    """Occurrences of each value of ``index`` [N] in ``[0, bins)`` → [bins] int64.
+
+    ``bincount`` is the fastest on the CPU, but on CUDA it reads the maximum back to the host;
+    ``scatter_add_`` into a preallocated range does not (``sync_free``: default off the CPU).
+    """
+    if sync_free is None:
+        sync_free = index.device.type != "cpu"
+    if not sync_free:
+        return torch.bincount(index, minlength=bins)
+    counts = torch.zeros(bins, dtype=torch.int64, device=index.device)
+    return counts.scatter_add_(0, index.long(), torch.ones_like(index, dtype=torch.int64))
 
 
 def descending_rank(x: torch.Tensor) -> torch.Tensor:

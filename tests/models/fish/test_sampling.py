@@ -11,6 +11,7 @@ from streamtts.models.fish.sampling import (
     COUNTING_MIN_VOCAB,
     BatchSampling,
     SamplingParams,
+    _histogram,
     apply_repetition_penalty,
     apply_temperature,
     descending_rank,
@@ -205,3 +206,10 @@ def test_large_16_bit_vocabularies_take_the_counting_filter() -> None:
     assert torch.equal(top_p_filter(small, top_p), top_p_filter_by_sorting(small, top_p))
     wide = logits.float()
     assert torch.equal(top_p_filter(wide, top_p), top_p_filter_by_sorting(wide, top_p))
+
+
+def test_histogram_paths_agree() -> None:
+    index = torch.randint(0, 300, (5000,), dtype=torch.int32)
+    expected = torch.bincount(index, minlength=300)
+    assert torch.equal(_histogram(index, 300), expected)
+    assert torch.equal(_histogram(index, 300, sync_free=True), expected)  # the CUDA form
