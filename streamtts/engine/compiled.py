@@ -71,6 +71,11 @@ class CompiledFastCodes:
     def warm_up(self, model: DualARTransformer, cache: KVCache) -> None:
         """Compile every bucket now (reported in the log), not on the first request."""
         device = model.device
+        if device.type == "cuda":
+            # The pass writes the fast KV cache in place; a CUDA graph may mutate an input only
+            # if its address is static, otherwise inductor silently skips the graph.
+            for tensor in (cache.fast_k, cache.fast_v):
+                torch._dynamo.mark_static_address(tensor)
         for bucket in self.buckets:
             hidden = torch.zeros(bucket, model.config.dim, dtype=model.dtype, device=device)
             code0 = torch.zeros(bucket, dtype=torch.long, device=device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +90,18 @@ def test_engine_bench_reports_ttfa_concurrency_and_overlap(tmp_path: Path) -> No
     overlap = figures["overlap"]
     assert overlap["frames"] == 18
     assert overlap["both_ms_per_frame"] > 0 and overlap["generator_alone_ms_per_frame"] > 0
+
+
+def test_an_empty_png_path_skips_the_chart(live_fish_server: str, tmp_path: Path) -> None:
+    """The GPU check runs without matplotlib: ``--png ""`` writes the JSON only."""
+    out_json = tmp_path / "lt.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest", "--url", live_fish_server, "--levels", "1",
+         "--utterances", "1", "--cadence-ms", "5", "--json", str(out_json), "--png", ""],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYTHONPATH": str(REPO_DIR)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out_json.read_text())["levels"][0]["errors"] == 0
+    assert list(tmp_path.iterdir()) == [out_json]
+    assert f"wrote {out_json}\n" in result.stderr
