@@ -290,8 +290,8 @@ class DualARTransformer(nn.Module):
         self.fast_norm = RMSNorm(fast.dim, config.norm_eps)
         self.fast_output = nn.Linear(fast.dim, k, bias=False)
         # Decode-step attention: "sdpa" (torch's fused kernel, upstream's rounding), "fp32"
-        # (:func:`decode_attention`), or "auto": fp32 on the CPU, where the fused kernel is
-        # slow for one query, and SDPA elsewhere.
+        # (:func:`decode_attention`), or "auto": fp32 for a 16-bit model on the CPU, where the
+        # fused kernel is slow for one query; SDPA elsewhere (an fp32 model stays bit-exact).
         self.decode_kernel = "auto"
         self.reset_rope_tables(torch.device("cpu"))
 
@@ -416,7 +416,9 @@ class DualARTransformer(nn.Module):
         key_pos = torch.arange(kv_len, device=tokens.device)  # [L]
         mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]  # [B,1,1,L]
         explicit = self.decode_kernel == "fp32" or (
-            self.decode_kernel == "auto" and tokens.device.type == "cpu"
+            self.decode_kernel == "auto"
+            and tokens.device.type == "cpu"
+            and self.dtype != torch.float32
         )
         bias = attention_bias(mask, torch.float32) if explicit else mask  # [B,1,1,L]
 

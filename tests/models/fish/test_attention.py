@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from streamtts.models.fish.llama import attention_bias, decode_attention
+from streamtts.models.fish.synthetic import load_synthetic
 
 
 @pytest.mark.parametrize("keys", [7, 320, 2048])
@@ -28,3 +29,22 @@ def test_decode_attention_is_the_exact_attention_rounded_once(keys: int) -> None
     fused = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     step = 2.0**-7 * fused.float().abs().amax(dim=-1, keepdim=True).clamp(min=1)
     assert bool(((got.float() - fused.float()).abs() <= step).all())
+
+
+@pytest.mark.parametrize(("dtype", "expected"), [(torch.bfloat16, "fp32"), (torch.float32, "sdpa")])
+@torch.inference_mode()
+def test_auto_kernel_is_fp32_for_16_bit_models_on_the_cpu(
+    dtype: torch.dtype, expected: str
+) -> None:
+    model = load_synthetic("tiny", dtype, "cpu", seed=2).model
+    prompt = torch.randint(0, 500, (9, 30), generator=torch.Generator().manual_seed(4))
+
+    def decode(kernel: str) -> torch.Tensor:
+        model.decode_kernel = kernel
+        cache = model.allocate_cache(1, 128)
+        model.prefill(cache, prompt, 0)
+        frames = torch.zeros(1, 9, 1, dtype=torch.int32)
+        return model.decode_slow(cache, frames, torch.tensor([0]), torch.tensor([30]), 31).logits
+
+    assert torch.equal(decode("auto"), decode(expected))
+    assert not torch.equal(decode("sdpa"), decode("fp32")) or dtype == torch.float32
