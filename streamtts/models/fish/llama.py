@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from streamtts.models.fish.config import BlockConfig, FishConfig
+from streamtts.models.fish.swap import module_ids
 
 # RoPE cos/sin tables are rounded to bf16 upstream, whatever the model dtype.
 ROPE_TABLE_DTYPE = torch.bfloat16
@@ -121,7 +122,7 @@ class FeedForward(nn.Module):
 
 def fuse_gate_up_(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> None:
     """:meth:`FeedForward.fuse_gate_up` on every feed-forward of ``model`` outside ``skip``."""
-    skipped = {id(m) for part in skip for m in part.modules()}
+    skipped = module_ids(skip)
     for module in model.modules():
         if isinstance(module, FeedForward) and id(module) not in skipped:
             module.fuse_gate_up()

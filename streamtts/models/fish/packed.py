@@ -18,22 +18,31 @@ import torch
 from torch import nn
 
 from streamtts.models.fish.llama import fuse_gate_up_
+from streamtts.models.fish.swap import replace_linears_
 
 
 class PackedLinear(nn.Module):
-    """``y = x @ weightᵀ`` with the weight held in oneDNN's blocked layout (no bias)."""
+    """``y = x @ weightᵀ + bias`` with the weight held in oneDNN's blocked layout."""
 
     packed: torch.Tensor
+    bias: torch.Tensor | None
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = (int(n) for n in weight.shape)
         self.weight_bytes = weight.numel() * weight.element_size()
         # The batch-size hint only picks the blocking; any row count is accepted afterwards.
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+        self.register_buffer("bias", None if bias is None else bias.detach())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> PackedLinear:
+        return cls(linear.weight, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x, self.packed, self.bias, "none", [], ""
+        )
         return y
 
 
@@ -49,24 +58,13 @@ def can_pack(model: nn.Module) -> bool:
 
 
 def pack_linears_(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> int:
-    """Fuse SwiGLU gate/up and pack every bias-free ``nn.Linear`` of ``model`` in place.
+    """Fuse SwiGLU gate/up and pack every ``nn.Linear`` of ``model`` in place.
 
     Modules inside ``skip`` stay as they are (e.g. a part handed to ``torch.compile``, whose
     freezing packs weights itself). Returns how many layers were packed.
     """
     fuse_gate_up_(model, skip)
-    skipped = {id(m) for part in skip for m in part.modules()}
-    targets = [
-        (parent, name)
-        for parent in model.modules()
-        if id(parent) not in skipped
-        for name, child in parent.named_children()
-        if isinstance(child, nn.Linear) and child.bias is None and id(child) not in skipped
-    ]
-    # One layer at a time, so each plain weight is freed as soon as its packed copy exists.
-    for parent, name in targets:
-        setattr(parent, name, PackedLinear(getattr(parent, name).weight))
-    return len(targets)
+    return replace_linears_(model, PackedLinear.from_linear, skip)
 
 
 def is_packed(model: nn.Module) -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from streamtts.models.fish.swap import replace_linears_
+
 INT8_MAX = 127
 
 
@@ -57,12 +59,4 @@ def quantize_int8_(model: nn.Module) -> int:
     dtype = next(model.parameters()).dtype
     if next(model.parameters()).device.type != "cpu":
         raise ValueError("int8 weight-only quantization is implemented for the CPU only")
-    targets = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, nn.Linear)
-    ]
-    for parent, name, child in targets:
-        setattr(parent, name, Int8Linear.from_linear(child, dtype))
-    return len(targets)
+    return replace_linears_(model, lambda linear: Int8Linear.from_linear(linear, dtype))

@@ -99,12 +99,20 @@ def top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return top_p_filter_by_sorting(logits, top_p)
 
 
-def top_p_filter_by_sorting(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Upstream's way: sort the row, cumulate the softmax, drop what lies past ``top_p``."""
-    sorted_logits, sorted_index = torch.sort(logits, dim=-1, descending=True)  # [B, V]
+def _past_nucleus(sorted_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Upstream's cut on descending logits [B, V]: True where the cumulated softmax exceeds
+    ``top_p`` (rounded to the logits dtype), never at the top one. Both filters share it, so
+    they keep the same number of tokens."""
     cum_probs = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)  # [B, V]
     remove_sorted = cum_probs > top_p.to(cum_probs.dtype)[:, None]  # [B, V]
     remove_sorted[:, 0] = False
+    return remove_sorted
+
+
+def top_p_filter_by_sorting(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Upstream's way: sort the row, cumulate the softmax, drop what lies past ``top_p``."""
+    sorted_logits, sorted_index = torch.sort(logits, dim=-1, descending=True)  # [B, V]
+    remove_sorted = _past_nucleus(sorted_logits, top_p)  # [B, V]
     remove = remove_sorted.scatter(-1, sorted_index, remove_sorted)  # [B, V], vocab order
     return logits.masked_fill(remove, float("-inf"))
 
@@ -129,9 +137,7 @@ def top_p_filter_by_counting(logits: torch.Tensor, top_p: torch.Tensor) -> torch
     row_offset = torch.arange(b, device=device, dtype=torch.int32)[:, None] * patterns  # [B, 1]
     counts = _histogram((rank + row_offset).flatten(), b * patterns)  # [B*P]
     sorted_logits = table.repeat(b).repeat_interleave(counts, output_size=b * v).view(b, v)
-    cum_probs = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)  # [B, V]
-    remove_sorted = cum_probs > top_p.to(cum_probs.dtype)[:, None]  # [B, V], a suffix
-    remove_sorted[:, 0] = False
+    remove_sorted = _past_nucleus(sorted_logits, top_p)  # [B, V], a suffix
     kept = v - remove_sorted.sum(dim=-1, keepdim=True)  # [B, 1] ≥ 1
     cut_rank = descending_rank(sorted_logits.gather(-1, kept - 1))  # [B, 1] last kept value
     above = rank < cut_rank  # [B, V] strictly larger than the cut value

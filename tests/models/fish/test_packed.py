@@ -29,6 +29,9 @@ def test_packed_linear_equals_f_linear_for_any_row_count(shape: tuple[int, int])
         assert torch.equal(layer(x), F.linear(x, weight))
     x3 = torch.randn(2, 5, shape[1]).bfloat16()
     assert torch.equal(layer(x3), F.linear(x3, weight))
+    bias = torch.randn(shape[0]).bfloat16()
+    with_bias = PackedLinear(weight, bias)
+    assert torch.equal(with_bias(x3), F.linear(x3, weight, bias))
 
 
 def test_fused_gate_up_gives_the_same_bits() -> None:
