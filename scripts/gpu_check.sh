@@ -10,7 +10,8 @@
 #             generator/vocoder overlap
 #   loadtest  python -m loadtest --spawn: 1..48 WebSocket clients at LLM token cadence with a
 #             playback clock (TTFA p50/p95/p99, underruns); draw the chart here from the JSON:
-#             python -c 'import json,sys; from loadtest.__main__ import chart; ...'
+#             python -c 'import json; from loadtest.__main__ import chart;
+#               chart(json.load(open("loadtest.json"))["levels"], "loadtest.png", "H200")'
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl

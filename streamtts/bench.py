@@ -113,36 +113,32 @@ class StageBench:
         prompt = prompt.to(self.device)
         return median_ms(lambda: self.model.prefill(self.cache, prompt, 0, 0), 3, self.device)
 
-    def _batch(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _batch(
+        self, batch: int, position: int = KV_POSITION
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         frames = torch.zeros(batch, self.model.config.num_codebooks + 1, dtype=torch.int32)
         frames[:, 0] = self.model.semantic_begin_id + 7
         slots = torch.arange(batch)
-        positions = torch.full((batch,), KV_POSITION)
+        positions = torch.full((batch,), position)
         return frames.to(self.device), slots.to(self.device), positions.to(self.device)
 
-    def slow_step_ms(self, batch: int) -> float:
-        frames, slots, positions = self._batch(batch)
+    def _slow_ms(self, cache: KVCache, batch: int, position: int) -> float:
+        frames, slots, positions = self._batch(batch, position)
         return median_ms(
             lambda: self.model.decode_slow(
-                self.cache, frames[:, :, None], slots, positions, KV_POSITION + 1
+                cache, frames[:, :, None], slots, positions, position + 1
             ),
             self.options.repeats,
             self.device,
         )
+
+    def slow_step_ms(self, batch: int) -> float:
+        return self._slow_ms(self.cache, batch, KV_POSITION)
 
     def long_context_slow_step_ms(self) -> float:
         """The slow step of one stream with :data:`LONG_KV_POSITION` cached positions."""
         length = min(LONG_KV_POSITION + 64, self.model.config.max_seq_len)
-        cache = self.model.allocate_cache(1, length)
-        frames, slots, _ = self._batch(1)
-        positions = torch.full((1,), length - 64, device=self.device)
-        return median_ms(
-            lambda: self.model.decode_slow(
-                cache, frames[:, :, None], slots, positions, length - 63
-            ),
-            self.options.repeats,
-            self.device,
-        )
+        return self._slow_ms(self.model.allocate_cache(1, length), 1, length - 64)
 
     def fast_ms(self, batch: int) -> float:
         """Sampling and the codebook transformer for one frame per row (as a decode step runs)."""

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -102,27 +103,24 @@ def _cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def fulfil(future: Future[T], fn: Callable[[], T]) -> None:
+    """Run ``fn`` into ``future`` (unless it was cancelled first); an error goes there too."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = fn()
+    except BaseException as exc:  # the waiting side gets it
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
 async def run_on_own_thread(fn: Callable[[], T], name: str) -> T:
     """Run ``fn`` on a new thread that ends when it returns; await its result.
 
     Unlike ``asyncio.to_thread``, whose pool threads live on (and with them any OpenMP pool
     they started), the thread is gone once ``fn`` is done.
     """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(outcome: Callable[[], None]) -> None:
-        if not future.done():
-            outcome()
-
-    def target() -> None:
-        try:
-            result = fn()
-        except BaseException as exc:  # handed to the awaiting coroutine
-            error = exc
-            loop.call_soon_threadsafe(settle, lambda: future.set_exception(error))
-        else:
-            loop.call_soon_threadsafe(settle, lambda: future.set_result(result))
-
-    threading.Thread(target=target, name=name, daemon=True).start()
-    return await future
+    future: Future[T] = Future()
+    threading.Thread(target=fulfil, args=(future, fn), name=name, daemon=True).start()
+    return await asyncio.wrap_future(future)

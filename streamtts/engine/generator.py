@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from streamtts.engine.compiled import CompiledFastCodes
-from streamtts.engine.devices import DeviceContext
+from streamtts.engine.devices import DeviceContext, fulfil
 from streamtts.engine.jobs import Phase, SegmentJob, StreamSlot
 from streamtts.models.fish.generate import (
     FastCodes,
@@ -79,17 +79,7 @@ class _Stop:
 @dataclass(frozen=True)
 class _Call:
     fn: Callable[[], object]
-    future: Future[object]
-
-    def run(self) -> None:
-        if not self.future.set_running_or_notify_cancel():
-            return
-        try:
-            result = self.fn()
-        except BaseException as exc:  # the caller gets it; the generator carries on
-            self.future.set_exception(exc)
-        else:
-            self.future.set_result(result)
+    future: Future[object]  # gets fn's result or error; the generator carries on either way
 
 
 _Command = _Submit | _Release | _Wake | _Stop | _Call
@@ -233,7 +223,7 @@ class GeneratorWorker:
             elif isinstance(command, _Release):
                 self._drop_stream(command.stream)
             elif isinstance(command, _Call):
-                command.run()
+                fulfil(command.future, command.fn)
 
     def _drop_stream(self, stream: StreamSlot) -> None:
         self._jobs = [j for j in self._jobs if j.stream is not stream]

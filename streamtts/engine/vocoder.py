@@ -85,14 +85,8 @@ class VocoderWorker:
 
     def drain(self) -> None:
         """Inline mode: decode every chunk waiting now, on the calling (generator) thread."""
-        chunks = []
-        while True:
-            try:
-                chunk = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if chunk is not None:
-                chunks.append(chunk)
+        chunks: list[_Chunk] = []
+        self._take_waiting(chunks)  # inline, nothing puts the stop marker
         if chunks and not self._stopped:
             self._decode(chunks)
 
@@ -120,14 +114,19 @@ class VocoderWorker:
         if first is None:
             return None
         chunks = [first]
+        if self._take_waiting(chunks):
+            self._inbox.put(None)  # stop after this batch
+        return chunks
+
+    def _take_waiting(self, chunks: list[_Chunk]) -> bool:
+        """Append the chunks waiting now, up to a stop marker; True if one was met."""
         while True:
             try:
                 more = self._inbox.get_nowait()
             except queue.Empty:
-                return chunks
+                return False
             if more is None:
-                self._inbox.put(None)  # stop after this batch
-                return chunks
+                return True
             chunks.append(more)
 
     def _decode(self, chunks: list[_Chunk]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from streamtts.config import Settings
 from streamtts.engine.base import EngineError, OverloadedError, SynthesisOptions
 from streamtts.engine.fish_engine import FishEngine, FishSettings, FishStream, describe_dtype
 from streamtts.engine.jobs import SegmentJob
@@ -271,3 +273,11 @@ async def test_generator_call_runs_between_iterations_on_its_thread(engine: Fish
     with pytest.raises(ValueError, match="bench bug"):
         await asyncio.wrap_future(engine.generator.call(broken))
     assert engine.healthy()  # the caller's error does not kill the worker
+
+
+def test_engine_defaults_are_the_server_defaults() -> None:
+    """The server fills FishSettings from Settings field by field (engine.factory); direct
+    users (bench, engine bench) get FishSettings' own defaults, which must be the same."""
+    server = Settings()
+    for field in dataclasses.fields(FishSettings):
+        assert getattr(FishSettings(), field.name) == getattr(server, field.name), field.name
