@@ -40,7 +40,11 @@ class LeftContext:
         """Prepend layer ``slot``'s cached columns to ``x`` [B, C, T] -> [B, C, W + T]."""
         past = self.past[slot]  # [B, C, W]
         width = past.shape[-1]
-        xp = torch.cat((past.to(x.dtype), x), dim=-1)  # [B, C, W + T]
+        past = past.to(x.dtype)
+        if x.shape[1] > 1 and x.stride(1) == 1:  # time-major x: join in its memory order
+            xp = torch.cat((past.transpose(1, 2), x.transpose(1, 2)), dim=1).transpose(1, 2)
+        else:
+            xp = torch.cat((past, x), dim=-1)  # [B, C, W + T]
         self.next[slot] = self._tail(xp, width, x.shape[-1] // self.max_frames)
         return xp
 

@@ -5,6 +5,16 @@ Every layer takes an optional :class:`LeftContext`: without it, the left side is
 used instead, which makes chunk-by-chunk decoding equal to decoding everything at once.
 Weights are held in plain ``nn.Conv1d`` / ``nn.Linear`` modules so the state-dict names match
 upstream; padding is done here.
+
+On a CPU with oneDNN bf16 kernels a bf16 decoder may ``pack_`` its layers. Packed convolutions
+hold their weights in oneDNN's blocked layout (``F.conv1d`` reorders the plain weight on every
+call) and fuse the SiLU after them and the residual sum; their activations are *time-major*:
+a logical ``[B, C, T]`` tensor stored as ``[B, T, C]`` (oneDNN's channels-last), which runs
+the 16- to 64-channel audio-rate convolutions about twice as fast as ``[B, C, T]`` storage. The
+layout only changes strides: every op here keeps working on the logical shape. Packed kernels
+sum in another order, so results move by a bf16 rounding (bf16 has no bit-exact reference;
+fp32, the parity mode, is never packed). On the 2-core dev CPU a streamed 8-frame chunk went
+from 6.1 to 4.5 ms per frame.
 """
 
 from __future__ import annotations
@@ -45,9 +55,30 @@ class CausalConv1d(nn.Module):
         self.groups = groups
         self.context_width = (kernel_size - 1) * dilation + 1 - stride
         self.context_slot = -1
+        self.packed: Tensor | None = None  # [C_out, C_in / groups, 1, K] in oneDNN's layout
 
-    def forward(self, x: Tensor, ctx: LeftContext | None = None) -> Tensor:
-        """x [B, C_in, T] -> [B, C_out, ceil(T / stride)]."""
+    def pack_(self, typical_columns: int = 256) -> None:
+        """Hold the weight in oneDNN's blocked layout from now on (CPU; see the module doc).
+
+        oneDNN convolves 2-D, so the weight gets a unit height; ``typical_columns`` only
+        guides the choice of blocking, any length is accepted afterwards.
+        """
+        weight = self.conv.weight.detach().unsqueeze(2)  # [C_out, C_in / groups, 1, K]
+        input_size = [1, self.in_channels, 1, typical_columns]
+        self.packed = torch.ops.mkldnn._reorder_convolution_weight(
+            weight, [0, 0], [1, self.stride], [1, self.dilation], self.groups, input_size
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        ctx: LeftContext | None = None,
+        *,
+        silu: bool = False,
+        residual: Tensor | None = None,
+    ) -> Tensor:
+        """x [B, C_in, T] -> [B, C_out, ceil(T / stride)], then SiLU if ``silu``, then plus
+        ``residual`` [B, C_out, T_out] if given (both fused into the packed kernel)."""
         if ctx is None:
             extra = -x.shape[-1] % self.stride  # right pad to complete the last window
             xp = F.pad(x, (self.context_width, extra))
@@ -55,7 +86,50 @@ class CausalConv1d(nn.Module):
             assert self.stride == 1, "streaming needs stride 1"
             xp = ctx.extend(self.context_slot, x)  # [B, C_in, W + T]
         w, b = self.conv.weight, self.conv.bias
-        return F.conv1d(xp, w, b, self.stride, 0, self.dilation, self.groups)
+        if self.packed is not None:
+            return self._packed_forward(xp, silu, residual)
+        y = F.conv1d(xp, w, b, self.stride, 0, self.dilation, self.groups)
+        y = F.silu(y) if silu else y
+        return y if residual is None else residual + y
+
+    def _packed_forward(self, xp: Tensor, silu: bool, residual: Tensor | None) -> Tensor:
+        geometry = ([0, 0], [1, self.stride], [1, self.dilation], self.groups)
+        x4 = _channels_last(xp)  # [B, C_in, 1, W + T]
+        unary = "swish" if silu else "none"
+        if residual is None:
+            y = torch.ops.mkldnn._convolution_pointwise(
+                x4, self.packed, self.conv.bias, *geometry, unary, [], ""
+            )
+        else:
+            # oneDNN would apply a unary op after the sum, not before it as defined here.
+            assert not silu, "silu and residual together are not fused"
+            y = torch.ops.mkldnn._convolution_pointwise.binary(
+                x4,
+                _channels_last(residual),
+                self.packed,
+                self.conv.bias,
+                *geometry,
+                "add",
+                None,
+                None,
+                [],
+                None,
+            )
+        out: Tensor = y.squeeze(2)  # [B, C_out, T_out], time-major
+        return out
+
+
+def is_time_major(x: Tensor) -> bool:
+    """A [B, C, T] tensor stored as [B, T, C] (the packed path's layout)."""
+    return x.dim() == 3 and x.shape[1] > 1 and x.stride(1) == 1
+
+
+def _channels_last(x: Tensor) -> Tensor:
+    """[B, C, T] -> a [B, C, 1, T] view in oneDNN's channels-last layout (a copy if needed)."""
+    x4 = x.unsqueeze(2)
+    if is_time_major(x):
+        return x4
+    return x4.contiguous(memory_format=torch.channels_last)
 
 
 class CausalConvTranspose1d(nn.Module):
@@ -74,6 +148,13 @@ class CausalConvTranspose1d(nn.Module):
         self.stride = stride
         self.context_width = -(-kernel_size // stride) - 1
         self.context_slot = -1
+        self.packed: Tensor | None = None  # [C_out * k, C_in] in oneDNN's layout
+
+    def pack_(self) -> None:
+        """Hold the overlap-add product's weight in oneDNN's blocked layout (CPU)."""
+        weight = self.conv.weight.detach()  # [C_in, C_out, k]
+        flat_t = weight.reshape(weight.shape[0], -1).t().contiguous()  # [C_out * k, C_in]
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(flat_t, 1)
 
     def forward(self, x: Tensor, ctx: LeftContext | None = None) -> Tensor:
         """x [B, C_in, T] -> [B, C_out, T * stride]."""
@@ -99,14 +180,22 @@ class CausalConvTranspose1d(nn.Module):
         weight, bias = self.conv.weight, self.conv.bias  # [C_in, C_out, k], [C_out]
         c_out, kernel = weight.shape[1], weight.shape[2]
         stride, reps = self.stride, kernel // self.stride
-        flat = weight.reshape(c_in, c_out * kernel)  # [C_in, C_out * k]
-        blocks = torch.matmul(xp.transpose(1, 2), flat)  # [B, W + T, C_out * k]
+        if self.packed is None:
+            flat = weight.reshape(c_in, c_out * kernel)  # [C_in, C_out * k]
+            blocks = torch.matmul(xp.transpose(1, 2), flat)  # [B, W + T, C_out * k]
+        else:
+            blocks = torch.ops.mkldnn._linear_pointwise(
+                xp.transpose(1, 2), self.packed, None, "none", [], ""
+            )
         blocks = blocks.view(batch, -1, c_out, reps, stride)  # [B, W + T, C_out, R, s]
         width = reps - 1
         y = blocks[:, width : width + frames, :, 0]  # [B, T, C_out, s]
         for r in range(1, reps):
             y = y + blocks[:, width - r : width - r + frames, :, r]
-        y = y.permute(0, 2, 1, 3).reshape(batch, c_out, frames * stride)  # [B, C_out, T * s]
+        if self.packed is None:
+            y = y.permute(0, 2, 1, 3).reshape(batch, c_out, frames * stride)  # [B, C_out, T * s]
+        else:  # the same [B, C_out, T * s], time-major for the packed convolutions after it
+            y = y.transpose(2, 3).reshape(batch, frames * stride, c_out).transpose(1, 2)
         if bias is not None:
             y = y + bias[:, None]
         return y

@@ -13,7 +13,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from streamtts.models.fish.conv_state import LeftContext, assign_context_slots
-from streamtts.models.fish.firefly_blocks import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock
+from streamtts.models.fish.firefly_blocks import (
+    CausalConv1d,
+    CausalConvTranspose1d,
+    ConvNeXtBlock,
+    is_time_major,
+)
 from streamtts.models.fish.fsq import FsqDecoder
 from streamtts.models.fish.vocoder_config import HeadConfig, QuantizerConfig, VocoderConfig
 
@@ -34,11 +39,14 @@ class ResBlock1(nn.Module):
             CausalConv1d(channels, channels, kernel_size, dilation=d) for d in dilations
         )
 
-    def forward(self, x: Tensor, ctx: LeftContext | None = None) -> Tensor:
-        """x [B, C, T] -> [B, C, T]."""
+    def forward(
+        self, x: Tensor, ctx: LeftContext | None = None, silu_x: Tensor | None = None
+    ) -> Tensor:
+        """x [B, C, T] -> [B, C, T]; ``silu_x``: ``F.silu(x)`` if the caller has it already."""
         for conv1, conv2 in zip(self.convs1, self.convs2, strict=True):
-            y = conv2(F.silu(conv1(F.silu(x), ctx)), ctx)
-            x = x + y
+            activated = F.silu(x) if silu_x is None else silu_x
+            silu_x = None
+            x = conv2(conv1(activated, ctx, silu=True), ctx, residual=x)
         return x
 
 
@@ -58,7 +66,13 @@ class ParallelBlock(nn.Module):
 
     def forward(self, x: Tensor, ctx: LeftContext | None = None) -> Tensor:
         """x [B, C, T] -> [B, C, T]."""
-        outs = [block(x, ctx) for block in self.blocks]
+        silu_x = F.silu(x)  # every block starts from it
+        outs: list[Tensor] = [block(x, ctx, silu_x) for block in self.blocks]
+        if is_time_major(x):  # the packed path: a mean that keeps the layout
+            total = outs[0].float()
+            for out in outs[1:]:
+                total = total + out
+            return (total / len(outs)).to(x.dtype)
         return torch.stack(outs, dim=0).mean(dim=0)
 
 

@@ -27,8 +27,11 @@ import torch
 from torch import Tensor
 
 from streamtts.models.fish.conv_state import LeftContext
+from streamtts.models.fish.firefly_blocks import CausalConv1d, CausalConvTranspose1d
 from streamtts.models.fish.firefly_decoder import FireflyDecoder
 from streamtts.models.fish.fsq import out_of_range_codes_total
+from streamtts.models.fish.packed import PackedLinear, packs
+from streamtts.models.fish.swap import replace_linears_
 
 __all__ = ["DecoderState", "IncrementalDecoder", "out_of_range_codes_total"]
 
@@ -47,7 +50,9 @@ class IncrementalDecoder:
     ``dtype``: compute dtype. With ``autocast=False`` the decoder weights are cast to it (a copy
     is made if the given decoder has another device or dtype); with ``autocast=True`` weights stay
     fp32 and the forward runs under ``torch.autocast(dtype)`` (upstream's engine behaviour).
-    Output is always float32.
+    Output is always float32. With ``pack``, a bf16 copy on a CPU with oneDNN bf16 kernels
+    packs its layers (see :mod:`firefly_blocks`; 6.1 -> 4.5 ms per frame in 8-frame chunks on
+    the dev CPU).
     """
 
     def __init__(
@@ -57,15 +62,20 @@ class IncrementalDecoder:
         dtype: torch.dtype = torch.float32,
         *,
         autocast: bool = False,
+        pack: bool = True,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
         self.autocast = autocast and dtype != torch.float32
         weight_dtype = torch.float32 if self.autocast else dtype
         first = next(decoder.parameters())
-        if first.device != self.device or first.dtype != weight_dtype:
+        self.packed = pack and not self.autocast and packs(self.device, weight_dtype)
+        if first.device != self.device or first.dtype != weight_dtype or self.packed:
+            # Packing changes modules in place: never the caller's.
             decoder = copy.deepcopy(decoder).to(self.device, weight_dtype)
         self.decoder = decoder.eval().requires_grad_(False)
+        if self.packed:
+            _pack_(self.decoder)
         self._state_dtype = weight_dtype
         cfg = decoder.config
         self.sample_rate = cfg.sample_rate
@@ -145,3 +155,11 @@ class IncrementalDecoder:
     def _store_context(states: list[DecoderState], nxt: list[Tensor]) -> None:
         for b, state in enumerate(states):
             state.context = [t[b] for t in nxt]  # [C, W] views of the per-slot [B, C, W]
+
+
+def _pack_(decoder: FireflyDecoder) -> None:
+    """Pack every convolution and linear layer of a bf16 CPU decoder (in place)."""
+    for module in decoder.modules():
+        if isinstance(module, (CausalConv1d, CausalConvTranspose1d)):
+            module.pack_()
+    replace_linears_(decoder, PackedLinear.from_linear)

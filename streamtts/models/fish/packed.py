@@ -46,15 +46,20 @@ class PackedLinear(nn.Module):
         return y
 
 
-def can_pack(model: nn.Module) -> bool:
-    """Packing applies to a bf16 model on a CPU whose oneDNN has bf16 kernels."""
-    weight = next(model.parameters())
+def packs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether weights of ``dtype`` on ``device`` pack: bf16 on a CPU with oneDNN bf16 kernels."""
     return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
+        device.type == "cpu"
+        and dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
         and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     )
+
+
+def can_pack(model: nn.Module) -> bool:
+    """Packing applies to a bf16 model on a CPU whose oneDNN has bf16 kernels."""
+    weight = next(model.parameters())
+    return packs(weight.device, weight.dtype)
 
 
 def pack_linears_(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> int:

@@ -10,7 +10,12 @@ import torch
 from torch import nn
 
 from streamtts.models.fish.checkpoint import load_fish_llm
-from streamtts.models.fish.quantize import INT8_MAX, Int8Linear, quantize_int8_
+from streamtts.models.fish.quantize import (
+    INT8_MAX,
+    PROMPT_GEMM_MIN_TOKENS,
+    Int8Linear,
+    quantize_int8_,
+)
 
 
 def test_int8_linear_applies_its_dequantized_weight() -> None:
@@ -28,6 +33,24 @@ def test_int8_linear_applies_its_dequantized_weight() -> None:
     got = q(x)
     assert got.shape == (3, 5, 40)
     torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
+
+
+def test_prompt_chunks_take_the_matrix_path_within_a_rounding_of_the_row_kernel() -> None:
+    torch.manual_seed(1)
+    q = Int8Linear.from_linear(nn.Linear(256, 512, bias=False).to(torch.bfloat16), torch.bfloat16)
+    tokens = PROMPT_GEMM_MIN_TOKENS + 24
+    x = torch.randn(1, tokens, 256, dtype=torch.bfloat16)  # [B, S, in]: a prompt chunk
+    got = q(x).float()
+    # What the row kernel computes for the same rows (one position per row: a decode batch).
+    rows = q(x.reshape(tokens, 1, 256)).reshape(1, tokens, 512).float()
+    exact = x.float() @ q.dequantized().T
+    assert got.shape == rows.shape == (1, tokens, 512)
+    assert not torch.equal(got, rows)  # really another kernel
+    # Both within bf16 rounding of the exact product; the two differ by a rounding at most.
+    step = exact.abs() * 2.0**-7 + 1e-3
+    assert bool(((got - exact).abs() <= step).all())
+    assert bool(((rows - exact).abs() <= step).all())
+    assert bool(((got - rows).abs() <= 2 * step).all())
 
 
 def test_quantized_fixture_model_stays_close_to_bf16(

@@ -12,6 +12,7 @@ import torch
 
 from streamtts.models.fish.firefly import Firefly, load_firefly
 from streamtts.models.fish.incremental import IncrementalDecoder
+from streamtts.models.fish.packed import packs
 
 from .vocoder_expected import decode_source, expected, torch_threads
 
@@ -114,6 +115,54 @@ def test_bf16_incremental_close_to_fp32(
     _bf16_close(got.numpy(), want)
     # The fp32 decoder handed in is not modified by the bf16 wrapper.
     assert next(firefly.decoder.parameters()).dtype == torch.float32
+
+
+@pytest.mark.skipif(
+    not packs(torch.device("cpu"), torch.bfloat16), reason="this CPU's oneDNN has no bf16 kernels"
+)
+def test_packed_bf16_decoder_within_a_rounding_of_the_unpacked_one(
+    firefly: Firefly, fish_fixture_dir: Path, fish_index: dict[str, Any]
+) -> None:
+    codes = torch.from_numpy(expected(fish_fixture_dir, fish_index, "dec_codes.npy"))
+    fp32 = expected(fish_fixture_dir, fish_index, "dec_audio_fp32.npy")
+    audio = {}
+    for pack in (True, False):
+        dec = IncrementalDecoder(firefly.decoder, "cpu", torch.bfloat16, pack=pack)
+        assert dec.packed is pack
+        state = dec.new_state()
+        chunks = [dec.decode([state], [codes[:, i : i + 8]])[0] for i in range(0, 24, 8)]
+        audio[pack] = torch.cat(chunks).numpy()
+    assert not np.array_equal(audio[True], audio[False])  # the packed kernels really ran
+    # Each is a bf16 rendering of the fp32 audio; the packed one is no further from it.
+    errors = {pack: np.sqrt(np.mean((a - fp32[: a.size]) ** 2)) for pack, a in audio.items()}
+    assert errors[True] <= 1.5 * errors[False], errors
+    _bf16_close(audio[True], audio[False])
+
+
+@pytest.mark.skipif(
+    not packs(torch.device("cpu"), torch.bfloat16), reason="this CPU's oneDNN has no bf16 kernels"
+)
+def test_packed_decoder_batches_ragged_streams_like_single_ones(firefly: Firefly) -> None:
+    dec = IncrementalDecoder(firefly.decoder, "cpu", torch.bfloat16)
+    assert dec.packed
+    gen = torch.Generator().manual_seed(5)
+    codes = [torch.randint(0, 1000, (8, 20), generator=gen) for _ in range(2)]
+    alone = []
+    for c in codes:
+        state = dec.new_state()
+        alone.append(torch.cat([dec.decode([state], [c[:, i : i + 5]])[0] for i in (0, 5, 10, 15)]))
+    states = [dec.new_state(), dec.new_state()]
+    pieces: list[list[torch.Tensor]] = [[], []]
+    # Ragged: stream 0 brings 3 then 7 frames, stream 1 5 then 2 (then each the rest).
+    for sizes in ((3, 5), (7, 2), (10, 13)):
+        starts = [sum(len(p) for p in ps) // 2048 for ps in pieces]
+        out = dec.decode(
+            states, [c[:, s : s + n] for c, s, n in zip(codes, starts, sizes, strict=True)]
+        )
+        for b in range(2):
+            pieces[b].append(out[b])
+    for b in range(2):
+        _bf16_close(torch.cat(pieces[b]).numpy(), alone[b].numpy())
 
 
 def test_output_is_bounded(firefly: Firefly) -> None:
