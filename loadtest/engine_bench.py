@@ -178,7 +178,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": describe_dtype(model),
         "load_and_warm_up_s": round(time.perf_counter() - started_s, 1),
         "torch_threads": torch.get_num_threads(),
-        "compile_s": {str(b): round(t, 1) for b, t in engine.generator.compile_s.items()},
+        "compile_s": {name: round(t, 1) for name, t in engine.generator.compile_s.items()},
     }
     log(f"loaded in {result['load_and_warm_up_s']} s; TTFA x{args.runs}")
     ttfa = []
@@ -209,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--overlap-frames", type=int, default=90)
-    parser.add_argument("--compile", action="store_true", help="compile the codebook pass")
+    parser.add_argument(
+        "--compile", action="store_true", help="compile the decode step (see docs/operations.md)"
+    )
     parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args(argv)
     result = asyncio.run(run(args))

@@ -26,9 +26,11 @@ from streamtts.engine.fish_engine import FishEngine, FishSettings, describe_dtyp
 from streamtts.models.fish.generate import (
     FastCodes,
     RepetitionWindows,
+    SlowStep,
     decode_step,
     fast_codes,
     sample_frame,
+    slow_step,
 )
 from streamtts.models.fish.llama import DualARTransformer, KVCache
 from streamtts.models.fish.packed import PackedLinear
@@ -98,11 +100,17 @@ def weight_bytes_per_step(model: DualARTransformer) -> dict[str, int]:
 
 class StageBench:
     def __init__(
-        self, model: DualARTransformer, options: BenchOptions, fast: FastCodes = fast_codes
+        self,
+        model: DualARTransformer,
+        options: BenchOptions,
+        fast: FastCodes = fast_codes,
+        slow: SlowStep = slow_step,
     ) -> None:
         self.model = model
         self.options = options
-        self.fast = fast  # the engine's codebook pass (compiled with --compile)
+        # The engine's two transformer passes (compiled with --compile where it compiles them).
+        self.fast = fast
+        self.slow = slow
         self.device = model.device
         slots = max(options.batches)
         self.cache: KVCache = model.allocate_cache(slots, min(1024, model.config.max_seq_len))
@@ -125,8 +133,8 @@ class StageBench:
     def _slow_ms(self, cache: KVCache, batch: int, position: int) -> float:
         frames, slots, positions = self._batch(batch, position)
         return median_ms(
-            lambda: self.model.decode_slow(
-                cache, frames[:, :, None], slots, positions, position + 1
+            lambda: self.slow(
+                self.model, cache, frames[:, :, None], slots, positions, position + 1
             ),
             self.options.repeats,
             self.device,
@@ -171,6 +179,7 @@ class StageBench:
                 windows,
                 sampling,
                 fast=self.fast,
+                slow=self.slow,
             ),
             self.options.repeats,
             self.device,
@@ -263,7 +272,10 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
     # thread would slow every kernel on the CPU (see streamtts.engine.devices).
     work = engine.generator.call(
         lambda: measure_stages(
-            engine, StageBench(model, options, engine.generator.fast_codes), options, device
+            engine,
+            StageBench(model, options, engine.generator.fast_codes, engine.generator.slow_step),
+            options,
+            device,
         )
     )
     stage_figures = cast(dict[str, float], await asyncio.wrap_future(work))

@@ -23,15 +23,17 @@ from dataclasses import dataclass
 
 import torch
 
-from streamtts.engine.compiled import CompiledFastCodes
+from streamtts.engine.compiled import CompiledFastCodes, CompiledSlowStep, compiles_slow_step
 from streamtts.engine.devices import DeviceContext, fulfil
 from streamtts.engine.jobs import Phase, SegmentJob, StreamSlot
 from streamtts.models.fish.generate import (
     FastCodes,
     RepetitionWindows,
+    SlowStep,
     decode_step,
     fast_codes,
     prefill_frame,
+    slow_step,
 )
 from streamtts.models.fish.llama import DualARTransformer, KVCache
 from streamtts.models.fish.prompt import PromptBuilder, segment_prompt
@@ -114,7 +116,8 @@ class GeneratorWorker:
         self._jobs: list[SegmentJob] = []
         self._thread = threading.Thread(target=self._main, name="generator", daemon=True)
         self._fast: FastCodes = fast_codes
-        self.compile_s: dict[int, float] = {}
+        self._slow: SlowStep = slow_step
+        self.compile_s: dict[str, float] = {}  # seconds per compiled graph
         # Test seam: called with each job before its work in an iteration; may raise.
         self.before_job_work: Callable[[SegmentJob], None] | None = None
 
@@ -128,6 +131,11 @@ class GeneratorWorker:
     def fast_codes(self) -> FastCodes:
         """The codebook pass decode steps use: eager, or compiled per batch bucket."""
         return self._fast
+
+    @property
+    def slow_step(self) -> SlowStep:
+        """The slow transformer's step decode steps use: eager, or compiled."""
+        return self._slow
 
     @property
     def capacity(self) -> int:
@@ -198,10 +206,15 @@ class GeneratorWorker:
             self._on_fatal(exc)
 
     def _compile(self) -> None:
-        compiled = CompiledFastCodes(self.capacity, self._model.device)
-        compiled.warm_up(self._model, self._cache)
-        self.compile_s = compiled.compile_s
-        self._fast = compiled
+        fast = CompiledFastCodes(self.capacity, self._model.device)
+        fast.warm_up(self._model, self._cache)
+        self.compile_s = dict(fast.compile_s)
+        self._fast = fast
+        if compiles_slow_step(self._model):
+            slow = CompiledSlowStep()
+            slow.warm_up(self._model, self._cache, self.capacity)
+            self.compile_s.update(slow.compile_s)
+            self._slow = slow
 
     def _prefill_prefix(self) -> None:
         prefix = self._prefix_tokens.to(self._model.device)
@@ -343,6 +356,7 @@ class GeneratorWorker:
             self._windows.gather(slots),
             sampling,
             fast=self._fast,
+            slow=self._slow,
         )  # [B, C+1]
         self._windows.push(slots, torch.tensor(steps, device=device), new)
         for job, frame in zip(batch, new, strict=True):

@@ -239,7 +239,8 @@ async def test_a_compiled_codebook_pass_generates_what_eager_does() -> None:
             out.append(frames_of(alone)[0])
             alone.close()
             if settings.compile:
-                assert sorted(engine.generator.compile_s) == [1, 2]
+                # fp32: the slow step stays eager (compiled only for int8 on the CPU).
+                assert sorted(engine.generator.compile_s) == ["codebook_b1", "codebook_b2"]
             return out
         finally:
             await engine.stop()

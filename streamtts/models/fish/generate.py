@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from streamtts.models.fish.llama import DualARTransformer, KVCache
+from streamtts.models.fish.llama import DualARTransformer, KVCache, SlowOutput
 from streamtts.models.fish.sampling import BatchSampling, SamplingParams, sample
 
 # Frames in the repetition-penalty window (zero-initialised, upstream).
@@ -26,6 +26,23 @@ WINDOW_FRAMES = 16
 
 
 FastCodes = Callable[..., torch.Tensor]
+# (model, cache, tokens [B, C+1, 1], slots [B], positions [B], kv_len) -> SlowOutput
+SlowStep = Callable[
+    [DualARTransformer, KVCache, torch.Tensor, torch.Tensor, torch.Tensor, int], SlowOutput
+]
+
+
+def slow_step(
+    model: DualARTransformer,
+    cache: KVCache,
+    tokens: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    kv_len: int,
+) -> SlowOutput:
+    """The slow transformer's decode step (:meth:`DualARTransformer.decode_slow`), as a function
+    that can be compiled."""
+    return model.decode_slow(cache, tokens, slots, positions, kv_len)
 
 
 def fast_codes(
@@ -112,14 +129,16 @@ def decode_step(
     sampling: BatchSampling,
     generator: torch.Generator | None = None,
     fast: FastCodes = fast_codes,
+    slow: SlowStep = slow_step,
 ) -> torch.Tensor:
     """One decode step for B sequences: previous frames [B, C+1] → next frames [B, C+1] int32.
 
     slots [B] int64 (distinct), positions [B] int64 (position of each input frame),
     ``kv_len`` a host-side bound > max(positions), windows [B, C+1, W] (see
     :class:`RepetitionWindows`), sampling with B rows. B must not exceed ``cache.slots``.
+    ``fast`` and ``slow`` run the two transformers (eager, or compiled equivalents).
     """
-    out = model.decode_slow(cache, frames[:, :, None], slots, positions, kv_len)
+    out = slow(model, cache, frames[:, :, None], slots, positions, kv_len)
     return sample_frame(model, cache, out.logits, out.hidden, sampling, windows, generator, fast)
 
 

@@ -75,3 +75,7 @@ def quantize_int8_(model: nn.Module) -> int:
     if next(model.parameters()).device.type != "cpu":
         raise ValueError("int8 weight-only quantization is implemented for the CPU only")
     return replace_linears_(model, lambda linear: Int8Linear.from_linear(linear, dtype))
+
+
+def is_int8(model: nn.Module) -> bool:
+    return any(isinstance(m, Int8Linear) for m in model.modules())

@@ -1,0 +1,67 @@
+"""The compiled slow step (int8 on the CPU): the eager step's results, written where eager
+writes them, and nothing else in the cache touched."""
+
+from __future__ import annotations
+
+import torch
+
+from streamtts.engine.compiled import CompiledSlowStep, compiles_slow_step
+from streamtts.engine.fish_models import load_fish_bundle
+from streamtts.models.fish.generate import slow_step
+from streamtts.models.fish.llama import DualARTransformer, KVCache, fuse_gate_up_
+from streamtts.models.fish.quantize import quantize_int8_
+
+
+def int8_model() -> DualARTransformer:
+    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.bfloat16).llm.model
+    fuse_gate_up_(model)
+    quantize_int8_(model)
+    return model
+
+
+def filled_cache(model: DualARTransformer, slots: int) -> KVCache:
+    cache = model.allocate_cache(slots, 256)
+    gen = torch.Generator().manual_seed(3)
+    for tensor in (cache.k, cache.v):
+        tensor.copy_(torch.randn(tensor.shape, generator=gen).to(tensor.dtype))
+    return cache
+
+
+def test_compiled_slow_step_matches_eager_and_writes_only_its_positions() -> None:
+    model = int8_model()
+    assert compiles_slow_step(model)
+    compiled = CompiledSlowStep()
+    with torch.inference_mode():
+        compiled.warm_up(model, model.allocate_cache(3, 256), max_batch=3)
+        assert sorted(compiled.compile_s) == ["slow_b1", "slow_b2"]
+        rows = model.config.num_codebooks + 1
+        # Batch 1 and a batch of 3 (the dynamic graph), at cached lengths not seen in warm-up.
+        for slots_list, positions_list in (([2], [100]), ([0, 2, 1], [70, 150, 9])):
+            slots = torch.tensor(slots_list)
+            positions = torch.tensor(positions_list)
+            tokens = torch.randint(0, 300, (len(slots_list), rows, 1), dtype=torch.int32)
+            kv_len = max(positions_list) + 1
+            eager_cache, compiled_cache = filled_cache(model, 3), filled_cache(model, 3)
+            before = eager_cache.k.clone()
+            want = slow_step(model, eager_cache, tokens, slots, positions, kv_len)
+            got = compiled(model, compiled_cache, tokens, slots, positions, kv_len)
+            for ours, theirs in ((got.logits, want.logits), (got.hidden, want.hidden)):
+                error = float((ours.float() - theirs.float()).norm() / theirs.float().norm())
+                assert error < 0.02, error  # bf16 roundings apart, no more
+            assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+            written = (eager_cache.k != before).any(dim=(0, 2, 4))  # [slots, max_seq]
+            assert written.nonzero().tolist() == sorted(
+                [s, p] for s, p in zip(slots_list, positions_list, strict=True)
+            )
+            for ours, theirs in (
+                (compiled_cache.k, eager_cache.k),
+                (compiled_cache.v, eager_cache.v),
+            ):
+                untouched = ~written[None, :, None, :, None].expand_as(ours)
+                assert torch.equal(ours[untouched], theirs[untouched])
+                torch.testing.assert_close(ours.float(), theirs.float(), atol=0.05, rtol=0.05)
+
+
+def test_packed_and_fp32_models_keep_the_eager_slow_step() -> None:
+    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.float32).llm.model
+    assert not compiles_slow_step(model)
