@@ -12,7 +12,9 @@ import urllib.request
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
-READY_TIMEOUT_S = 120.0
+# A server with STREAMTTS_COMPILE compiles before it is ready: minutes on a small CPU at first.
+READY_TIMEOUT_S = 900.0
+PROGRESS_EVERY_S = 30.0
 
 
 class SpawnedServer:
@@ -26,8 +28,14 @@ class SpawnedServer:
              "--log-level", "warning"],
         )  # fmt: skip
         print(f"  starting server ({model}) on {self.url}...", file=sys.stderr)
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        started = time.monotonic()
+        deadline = started + READY_TIMEOUT_S
+        next_progress = started + PROGRESS_EVERY_S
         while time.monotonic() < deadline:
+            if time.monotonic() >= next_progress:
+                waited_s = time.monotonic() - started
+                print(f"  ... not ready after {waited_s:.0f} s (compiling?)", file=sys.stderr)
+                next_progress += PROGRESS_EVERY_S
             if self.proc.poll() is not None:
                 raise RuntimeError("the server exited during start-up")
             try:

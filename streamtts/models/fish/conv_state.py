@@ -20,6 +20,14 @@ import torch
 from torch import Tensor
 
 
+def is_time_major(x: Tensor) -> bool:
+    """A [B, C, T] tensor stored as [B, T, C] (packed decoders' layout, oneDNN's channels-last).
+
+    Several channels and columns are needed to tell: with one of either both layouts coincide.
+    """
+    return x.dim() == 3 and x.shape[1] > 1 and x.shape[2] > 1 and x.stride(1) == 1
+
+
 class LeftContext:
     """Left context of every causal layer for one batched incremental call.
 
@@ -41,7 +49,7 @@ class LeftContext:
         past = self.past[slot]  # [B, C, W]
         width = past.shape[-1]
         past = past.to(x.dtype)
-        if x.shape[1] > 1 and x.stride(1) == 1:  # time-major x: join in its memory order
+        if is_time_major(x):  # join in x's memory order
             xp = torch.cat((past.transpose(1, 2), x.transpose(1, 2)), dim=1).transpose(1, 2)
         else:
             xp = torch.cat((past, x), dim=-1)  # [B, C, W + T]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from streamtts.models.fish.conv_state import LeftContext
+from streamtts.models.fish.conv_state import LeftContext, is_time_major
 
 LAYER_NORM_EPS = 1e-6
 
@@ -117,11 +117,6 @@ class CausalConv1d(nn.Module):
             )
         out: Tensor = y.squeeze(2)  # [B, C_out, T_out], time-major
         return out
-
-
-def is_time_major(x: Tensor) -> bool:
-    """A [B, C, T] tensor stored as [B, T, C] (the packed path's layout)."""
-    return x.dim() == 3 and x.shape[1] > 1 and x.stride(1) == 1
 
 
 def _channels_last(x: Tensor) -> Tensor:

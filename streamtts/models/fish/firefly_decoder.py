@@ -12,13 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from streamtts.models.fish.conv_state import LeftContext, assign_context_slots
-from streamtts.models.fish.firefly_blocks import (
-    CausalConv1d,
-    CausalConvTranspose1d,
-    ConvNeXtBlock,
-    is_time_major,
-)
+from streamtts.models.fish.conv_state import LeftContext, assign_context_slots, is_time_major
+from streamtts.models.fish.firefly_blocks import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock
 from streamtts.models.fish.fsq import FsqDecoder
 from streamtts.models.fish.vocoder_config import HeadConfig, QuantizerConfig, VocoderConfig
 

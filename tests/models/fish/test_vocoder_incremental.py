@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from streamtts.models.fish.conv_state import LeftContext, is_time_major
 from streamtts.models.fish.firefly import Firefly, load_firefly
 from streamtts.models.fish.fsq import FsqLattice
 from streamtts.models.fish.incremental import (
@@ -189,3 +190,20 @@ def test_receptive_field_is_15_frames(firefly: Firefly) -> None:
     assert float(per_frame[:3].max()) == 0.0  # causal: nothing before the change moves
     assert float(per_frame[3 + 15]) > 0.0
     assert float(per_frame[3 + 16 :].max()) == 0.0
+
+
+def test_left_context_joins_time_major_tensors_in_their_layout() -> None:
+    plain = torch.randn(2, 4, 6)  # [B, C, T]
+    time_major = (
+        plain.transpose(1, 2).contiguous().transpose(1, 2)
+    )  # same values, [B, T, C] storage
+    assert is_time_major(time_major) and not is_time_major(plain)
+    assert not is_time_major(plain[:, :, :1])  # one column: both layouts are the same
+    past = torch.randn(2, 4, 3)
+    joined = {}
+    for name, x in (("plain", plain), ("time_major", time_major)):
+        ctx = LeftContext([past], [1, 1])
+        joined[name] = ctx.extend(0, x)
+        assert torch.equal(ctx.next[0], joined[name][:, :, -3:])
+    assert torch.equal(joined["plain"], joined["time_major"])  # the same values either way
+    assert is_time_major(joined["time_major"]) and not is_time_major(joined["plain"])
