@@ -50,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32", "int8"])
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument(
-        "--compile", action="store_true", help="torch.compile the codebook pass (end to end)"
+        "--compile",
+        action="store_true",
+        help="torch.compile the decode step as the server does with STREAMTTS_COMPILE",
     )
     bench.add_argument("--json", action="store_true", help="print JSON only")
     bench.set_defaults(run=_bench)

@@ -41,7 +41,7 @@ class Settings:
     max_frames_per_segment: int = 1024
     max_lead_s: float = 6.0  # streams this far ahead of real time yield compute to others
     cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
-    compile: bool = False  # torch.compile the Fish codebook pass per batch bucket at start
+    compile: bool = False  # torch.compile the Fish decode step at start (docs/operations.md)
 
     # Text segmentation (see streamtts.segmenter).
     first_segment_min_chars: int = 20

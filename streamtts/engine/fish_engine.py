@@ -70,7 +70,7 @@ class FishSettings:
     max_frames_per_segment: int = 1024
     max_lead_s: float = 6.0
     cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
-    compile: bool = False  # torch.compile the codebook pass per batch bucket at start
+    compile: bool = False  # torch.compile the decode step at start (see engine.compiled)
 
 
 class FishEngine(Engine):

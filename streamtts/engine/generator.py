@@ -54,7 +54,7 @@ class GeneratorConfig:
     # A stream whose audio runs this far ahead of real time sits out decode steps while others
     # need compute.
     max_lead_s: float = 6.0
-    # torch.compile the per-frame codebook pass per batch bucket (compiled at start).
+    # torch.compile the decode step at start (see streamtts.engine.compiled).
     compile: bool = False
 
 
