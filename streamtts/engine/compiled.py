@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from streamtts.models.fish.generate import fast_codes, slow_step
-from streamtts.models.fish.llama import DualARTransformer, KVCache, SlowOutput
+from streamtts.models.fish.generate import SlowStep, fast_codes, slow_step
+from streamtts.models.fish.llama import DualARTransformer, KVCache
 from streamtts.models.fish.quantize import is_int8
 from streamtts.models.fish.sampling import BatchSampling
 
@@ -54,9 +54,7 @@ class CompiledFastCodes:
     """A drop-in for :func:`fast_codes` that runs a compiled graph per batch bucket."""
 
     def __init__(self, max_batch: int, device: torch.device) -> None:
-        import torch._inductor.config as inductor_config
-
-        inductor_config.freezing = True  # weights become constants: needed for the CPU win
+        _freeze_weights()
         self.buckets = batch_buckets(max_batch)
         # On CUDA each bucket's graph is captured and replayed as a CUDA graph: one launch per
         # frame's codebook pass instead of hundreds of kernel launches.
@@ -107,43 +105,37 @@ class CompiledFastCodes:
             log.info("compiled the codebook pass for batch %d in %.1f s", bucket, elapsed_s)
 
 
-class CompiledSlowStep:
-    """A drop-in for :func:`slow_step`: compiled with dynamic batch size and cached length."""
+def compile_slow_step(
+    model: DualARTransformer, cache: KVCache, max_batch: int
+) -> tuple[SlowStep, dict[str, float]]:
+    """:func:`slow_step` compiled with dynamic batch size and cached length, and the seconds
+    its two graphs took (batch 1, and 2 standing for any larger batch), compiled now.
 
-    def __init__(self) -> None:
-        import torch._inductor.config as inductor_config
+    Warming up writes keys/values of junk tokens into the first slots at one position:
+    harmless, as a slot's positions are written before they are read (prefill, or the step at
+    them).
+    """
+    _freeze_weights()
+    compiled: SlowStep = torch.compile(slow_step, dynamic=True)
+    compile_s: dict[str, float] = {}
+    device = model.device
+    rows = model.config.num_codebooks + 1
+    for batch in sorted({1, min(2, max_batch)}):
+        tokens = torch.zeros(batch, rows, 1, dtype=torch.int32, device=device)
+        slots = torch.arange(batch, device=device)
+        positions = torch.full((batch,), 64, device=device)
+        started_s = time.perf_counter()
+        compiled(model, cache, tokens, slots, positions, 65)
+        elapsed_s = compile_s[f"slow_b{batch}"] = time.perf_counter() - started_s
+        log.info("compiled the slow step for batch %d in %.1f s", batch, elapsed_s)
+    return compiled, compile_s
 
-        inductor_config.freezing = True
-        self._compiled: Callable[..., SlowOutput] = torch.compile(slow_step, dynamic=True)
-        self.compile_s: dict[str, float] = {}
 
-    def __call__(
-        self,
-        model: DualARTransformer,
-        cache: KVCache,
-        tokens: torch.Tensor,
-        slots: torch.Tensor,
-        positions: torch.Tensor,
-        kv_len: int,
-    ) -> SlowOutput:
-        return self._compiled(model, cache, tokens, slots, positions, kv_len)
+def _freeze_weights() -> None:
+    """Weights become constants of compiled graphs: needed for the CPU win."""
+    import torch._inductor.config as inductor_config
 
-    def warm_up(self, model: DualARTransformer, cache: KVCache, max_batch: int) -> None:
-        """Compile both graphs now (batch 1, and 2 standing for any larger batch).
-
-        Writes keys/values of junk tokens into the first slots at one position: harmless, as a
-        slot's positions are written before they are read (prefill, or the step at them).
-        """
-        device = model.device
-        rows = model.config.num_codebooks + 1
-        for batch in sorted({1, min(2, max_batch)}):
-            tokens = torch.zeros(batch, rows, 1, dtype=torch.int32, device=device)
-            slots = torch.arange(batch, device=device)
-            positions = torch.full((batch,), 64, device=device)
-            started_s = time.perf_counter()
-            self(model, cache, tokens, slots, positions, 65)
-            elapsed_s = self.compile_s[f"slow_b{batch}"] = time.perf_counter() - started_s
-            log.info("compiled the slow step for batch %d in %.1f s", batch, elapsed_s)
+    inductor_config.freezing = True
 
 
 def _pad_rows(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from streamtts.engine.compiled import CompiledFastCodes, CompiledSlowStep, compiles_slow_step
+from streamtts.engine.compiled import CompiledFastCodes, compile_slow_step, compiles_slow_step
 from streamtts.engine.devices import DeviceContext, fulfil
 from streamtts.engine.jobs import Phase, SegmentJob, StreamSlot
 from streamtts.models.fish.generate import (
@@ -211,10 +211,8 @@ class GeneratorWorker:
         self.compile_s = dict(fast.compile_s)
         self._fast = fast
         if compiles_slow_step(self._model):
-            slow = CompiledSlowStep()
-            slow.warm_up(self._model, self._cache, self.capacity)
-            self.compile_s.update(slow.compile_s)
-            self._slow = slow
+            self._slow, slow_s = compile_slow_step(self._model, self._cache, self.capacity)
+            self.compile_s.update(slow_s)
 
     def _prefill_prefix(self) -> None:
         prefix = self._prefix_tokens.to(self._model.device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from streamtts.engine.compiled import CompiledSlowStep, compiles_slow_step
+from streamtts.engine.compiled import compile_slow_step, compiles_slow_step
 from streamtts.engine.fish_models import load_fish_bundle
 from streamtts.models.fish.generate import slow_step
 from streamtts.models.fish.llama import DualARTransformer, KVCache, fuse_gate_up_
@@ -30,10 +30,9 @@ def filled_cache(model: DualARTransformer, slots: int) -> KVCache:
 def test_compiled_slow_step_matches_eager_and_writes_only_its_positions() -> None:
     model = int8_model()
     assert compiles_slow_step(model)
-    compiled = CompiledSlowStep()
     with torch.inference_mode():
-        compiled.warm_up(model, model.allocate_cache(3, 256), max_batch=3)
-        assert sorted(compiled.compile_s) == ["slow_b1", "slow_b2"]
+        compiled, compile_s = compile_slow_step(model, model.allocate_cache(3, 256), max_batch=3)
+        assert sorted(compile_s) == ["slow_b1", "slow_b2"]
         rows = model.config.num_codebooks + 1
         # Batch 1 and a batch of 3 (the dynamic graph), at cached lengths not seen in warm-up.
         for slots_list, positions_list in (([2], [100]), ([0, 2, 1], [70, 150, 9])):

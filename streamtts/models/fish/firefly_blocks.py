@@ -85,9 +85,9 @@ class CausalConv1d(nn.Module):
         else:
             assert self.stride == 1, "streaming needs stride 1"
             xp = ctx.extend(self.context_slot, x)  # [B, C_in, W + T]
-        w, b = self.conv.weight, self.conv.bias
         if self.packed is not None:
             return self._packed_forward(xp, silu, residual)
+        w, b = self.conv.weight, self.conv.bias
         y = F.conv1d(xp, w, b, self.stride, 0, self.dilation, self.groups)
         y = F.silu(y) if silu else y
         return y if residual is None else residual + y
