@@ -14,15 +14,20 @@ shapes: one graph for batch 1 and one for any larger batch. Its activations are 
 where eager rounds them to bf16 between kernels, so its logits differ from eager's by about
 what bf16 rounding does.
 
-Compiled graphs are cached on disk by inductor (``TORCHINDUCTOR_CACHE_DIR``), so later starts
-reuse them. Figures: docs/operations.md, "Performance".
+Graphs of an int8 model are cached on disk (inductor's FX graph cache and AOTAutograd's cache,
+under ``TORCHINDUCTOR_CACHE_DIR``), so a later start rebuilds them in seconds. Graphs of a bf16
+model are compiled with freezing (weights become constants; on the CPU inductor packs them for
+oneDNN, which is what makes the compiled codebook pass pay there). AOTAutograd does not cache
+frozen graphs, nor inductor ones holding packed weights: on the CPU they compile anew at every
+start. Figures: docs/operations.md, "Performance".
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -54,7 +59,6 @@ class CompiledFastCodes:
     """A drop-in for :func:`fast_codes` that runs a compiled graph per batch bucket."""
 
     def __init__(self, max_batch: int, device: torch.device) -> None:
-        _freeze_weights()
         self.buckets = batch_buckets(max_batch)
         # On CUDA each bucket's graph is captured and replayed as a CUDA graph: one launch per
         # frame's codebook pass instead of hundreds of kernel launches.
@@ -100,7 +104,8 @@ class CompiledFastCodes:
                 repetition_penalty=torch.full((bucket,), 1.2, device=device),
             )
             started_s = time.perf_counter()
-            self(model, cache, hidden, code0, sampling, windows)
+            with compile_settings(model):
+                self(model, cache, hidden, code0, sampling, windows)
             elapsed_s = self.compile_s[f"codebook_b{bucket}"] = time.perf_counter() - started_s
             log.info("compiled the codebook pass for batch %d in %.1f s", bucket, elapsed_s)
 
@@ -115,7 +120,6 @@ def compile_slow_step(
     harmless, as a slot's positions are written before they are read (prefill, or the step at
     them).
     """
-    _freeze_weights()
     compiled: SlowStep = torch.compile(slow_step, dynamic=True)
     compile_s: dict[str, float] = {}
     device = model.device
@@ -125,17 +129,37 @@ def compile_slow_step(
         slots = torch.arange(batch, device=device)
         positions = torch.full((batch,), 64, device=device)
         started_s = time.perf_counter()
-        compiled(model, cache, tokens, slots, positions, 65)
+        with compile_settings(model):
+            compiled(model, cache, tokens, slots, positions, 65)
         elapsed_s = compile_s[f"slow_b{batch}"] = time.perf_counter() - started_s
         log.info("compiled the slow step for batch %d in %.1f s", batch, elapsed_s)
     return compiled, compile_s
 
 
-def _freeze_weights() -> None:
-    """Weights become constants of compiled graphs: needed for the CPU win."""
+def freezes_weights(model: DualARTransformer) -> bool:
+    """Whether graphs of ``model`` are compiled with inductor's freezing.
+
+    It pays for bf16 weights (the CPU codebook pass: 38 -> 23 ms per frame) but makes graphs
+    uncacheable across starts; int8 layers gain nothing from it (a slow step takes 17.2 ms
+    either way), so their graphs stay cacheable (warm start 21 -> 7 s for the slow step).
+    """
+    return not is_int8(model)
+
+
+@contextmanager
+def compile_settings(model: DualARTransformer) -> Iterator[None]:
+    """Compiler settings for graphs traced inside: freezing per :func:`freezes_weights`, and
+    Python floats (norm epsilons, scales) kept constants, as they are. Left symbolic by
+    dynamic shapes, dynamo would trace the step, find them specialised and trace it all again
+    (13 s of a 34 s compile)."""
+    import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
-    inductor_config.freezing = True
+    with (
+        inductor_config.patch(freezing=freezes_weights(model)),
+        dynamo_config.patch(specialize_float=True),
+    ):
+        yield
 
 
 def _pad_rows(

@@ -3,9 +3,13 @@ writes them, and nothing else in the cache touched."""
 
 from __future__ import annotations
 
-import torch
+from pathlib import Path
 
-from streamtts.engine.compiled import compile_slow_step, compiles_slow_step
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from streamtts.engine.compiled import compile_slow_step, compiles_slow_step, freezes_weights
 from streamtts.engine.fish_models import load_fish_bundle
 from streamtts.models.fish.generate import slow_step
 from streamtts.models.fish.llama import DualARTransformer, KVCache, fuse_gate_up_
@@ -64,3 +68,28 @@ def test_compiled_slow_step_matches_eager_and_writes_only_its_positions() -> Non
 def test_packed_and_fp32_models_keep_the_eager_slow_step() -> None:
     model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.float32).llm.model
     assert not compiles_slow_step(model)
+
+
+def test_int8_graphs_are_cached_across_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unfrozen int8 graphs land in AOTAutograd's on-disk cache; a later start (here: dynamo
+    reset) loads them instead of tracing them through AOTAutograd and inductor again."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = int8_model()
+    assert not freezes_weights(model)
+    aot = counters["aot_autograd"]
+    with torch.inference_mode():
+        torch._dynamo.reset()
+        saved_before, hits_before = aot["autograd_cache_saved"], aot["autograd_cache_hit"]
+        compile_slow_step(model, model.allocate_cache(2, 256), max_batch=1)
+        assert aot["autograd_cache_saved"] == saved_before + 1
+        torch._dynamo.reset()
+        compile_slow_step(model, model.allocate_cache(2, 256), max_batch=1)
+        assert aot["autograd_cache_hit"] == hits_before + 1
+    torch._dynamo.reset()
+
+
+def test_bf16_graphs_are_frozen() -> None:
+    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.bfloat16).llm.model
+    assert freezes_weights(model)
