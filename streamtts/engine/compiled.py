@@ -173,7 +173,9 @@ def _pad_rows(
     b = hidden.shape[0]
     if b == bucket:
         return hidden, code0, sampling, windows
-    rows = torch.cat([torch.arange(b), torch.zeros(bucket - b, dtype=torch.long)]).to(hidden.device)
+    # Built on the device: a host-made index would cost a blocking copy per step on a GPU.
+    rows = torch.arange(bucket, device=hidden.device)
+    rows = rows.masked_fill(rows >= b, 0)  # [bucket]: 0..b-1, then 0
     return (
         hidden.index_select(0, rows),
         code0.index_select(0, rows),

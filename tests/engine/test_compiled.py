@@ -1,19 +1,28 @@
-"""The compiled slow step (int8 on the CPU): the eager step's results, written where eager
-writes them, and nothing else in the cache touched."""
+"""Compiled decode steps: the slow step (int8 on the CPU) gives the eager step's results,
+written where eager writes them and nothing else in the cache touched; int8 graphs are cached
+across starts; the codebook pass pads a batch to its bucket."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from streamtts.engine.compiled import compile_slow_step, compiles_slow_step, freezes_weights
+from streamtts.engine.compiled import (
+    CompiledFastCodes,
+    batch_buckets,
+    compile_slow_step,
+    compiles_slow_step,
+    freezes_weights,
+)
 from streamtts.engine.fish_models import load_fish_bundle
-from streamtts.models.fish.generate import slow_step
+from streamtts.models.fish.generate import fast_codes, slow_step
 from streamtts.models.fish.llama import DualARTransformer, KVCache, fuse_gate_up_
 from streamtts.models.fish.quantize import quantize_int8_
+from streamtts.models.fish.sampling import BatchSampling
 
 
 def int8_model() -> DualARTransformer:
@@ -93,3 +102,39 @@ def test_int8_graphs_are_cached_across_starts(
 def test_bf16_graphs_are_frozen() -> None:
     model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.bfloat16).llm.model
     assert freezes_weights(model)
+
+
+def test_batch_buckets_are_powers_of_two_then_the_slots() -> None:
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(4) == [1, 2, 4]
+    assert batch_buckets(6) == [1, 2, 4, 6]
+    assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+def test_codebook_pass_pads_a_batch_to_its_bucket_and_returns_its_rows() -> None:
+    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.float32).llm.model
+    cache = model.allocate_cache(6, 64)
+    codes = CompiledFastCodes(max_batch=6, device=model.device)
+    seen_batches: list[int] = []
+
+    def eager_graph(*args: Any) -> torch.Tensor:  # stands in for a bucket's compiled graph
+        seen_batches.append(int(args[2].shape[0]))
+        return fast_codes(model, *args[1:])
+
+    codes._compiled = eager_graph
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(3, model.config.dim, generator=gen)
+    code0 = torch.tensor([3, 9, 27])
+    # top_p ~ 0 keeps only each row's best code: the draw is the same in any batch.
+    sampling = BatchSampling(
+        temperature=torch.full((3,), 0.7),
+        top_p=torch.full((3,), 1e-6),
+        repetition_penalty=torch.tensor([1.0, 1.2, 1.5]),
+    )
+    windows = torch.randint(0, 50, (3, model.config.num_codebooks + 1, 16), generator=gen)
+    with torch.inference_mode():
+        got = codes(model, cache, hidden, code0, sampling, windows)
+        want = fast_codes(model, cache, hidden, code0, sampling, windows)
+    assert seen_batches == [4]
+    assert got.shape == (3, model.config.num_codebooks - 1)
+    assert torch.equal(got, want)
