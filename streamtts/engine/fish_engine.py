@@ -44,7 +44,7 @@ from streamtts.models.fish.incremental import IncrementalDecoder
 from streamtts.models.fish.llama import fuse_gate_up_
 from streamtts.models.fish.packed import can_pack, pack_linears_
 from streamtts.models.fish.prompt import PromptBuilder
-from streamtts.models.fish.quantize import Int8Linear, quantize_int8_
+from streamtts.models.fish.quantize import is_int8, quantize_int8_
 from streamtts.models.fish.sampling import SamplingParams
 from streamtts.models.fish.synthetic import synthetic_frame_budget
 
@@ -211,8 +211,7 @@ class FishEngine(Engine):
 def describe_dtype(model: torch.nn.Module) -> str:
     """``bfloat16``, ``float32``...; ``int8+bfloat16`` for int8 weight-only layers."""
     activations = str(next(model.parameters()).dtype).removeprefix("torch.")
-    quantized = any(isinstance(m, Int8Linear) for m in model.modules())
-    return f"int8+{activations}" if quantized else activations
+    return f"int8+{activations}" if is_int8(model) else activations
 
 
 def _sampling_params(options: SynthesisOptions) -> SamplingParams:

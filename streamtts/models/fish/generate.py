@@ -30,19 +30,8 @@ FastCodes = Callable[..., torch.Tensor]
 SlowStep = Callable[
     [DualARTransformer, KVCache, torch.Tensor, torch.Tensor, torch.Tensor, int], SlowOutput
 ]
-
-
-def slow_step(
-    model: DualARTransformer,
-    cache: KVCache,
-    tokens: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    kv_len: int,
-) -> SlowOutput:
-    """The slow transformer's decode step (:meth:`DualARTransformer.decode_slow`), as a function
-    that can be compiled."""
-    return model.decode_slow(cache, tokens, slots, positions, kv_len)
+# The slow transformer's decode step as a plain function of the model, which can be compiled.
+slow_step: SlowStep = DualARTransformer.decode_slow
 
 
 def fast_codes(
