@@ -47,6 +47,7 @@ from streamtts.models.fish.prompt import PromptBuilder
 from streamtts.models.fish.quantize import is_int8, quantize_int8_
 from streamtts.models.fish.sampling import SamplingParams
 from streamtts.models.fish.synthetic import synthetic_frame_budget
+from streamtts.models.fish.text import split_piece
 
 log = logging.getLogger(__name__)
 
@@ -266,14 +267,17 @@ class FishStream(EngineStream):
         return self._schedule
 
     async def synthesize(self, text: str) -> AsyncIterator[PcmF32]:
-        if self._slot.cancelled.is_set():
+        # Upstream's splitter strips each piece after cleaning and drops one with nothing to
+        # say (e.g. only emoji): no prompt, no speech.
+        piece = split_piece(text)
+        if self._slot.cancelled.is_set() or not piece:
             return
         handoff = PcmHandoff()
         self._handoff = handoff
         self._voice.on_pcm = handoff.post
         self._voice.on_segment_end = handoff.end
         self._voice.on_error = handoff.post
-        self._generator.submit(self._job(text, handoff))
+        self._generator.submit(self._job(piece, handoff))
         started_s = time.perf_counter()
         try:
             async for pcm in handoff.chunks(self.stats, "Fish"):

@@ -16,6 +16,19 @@ from streamtts.config import Settings
 from streamtts.engine.base import EngineError, OverloadedError, SynthesisOptions
 from streamtts.engine.fish_engine import FishEngine, FishSettings, FishStream, describe_dtype
 from streamtts.engine.jobs import SegmentJob
+from streamtts.models.fish.prompt import PromptBuilder
+from streamtts.models.fish.tokenizer import FishTokenizer
+from tests.fish_fixture import (
+    cached_index,
+    entries,
+    expected,
+    expected_turn,
+    fixture_dir,
+    generation_call,
+    meta,
+    require_dir,
+    sibling,
+)
 
 GREEDY = SynthesisOptions(top_p=1e-4)  # keeps only the top token: sampling is an argmax
 FRAME_SAMPLES = 2048
@@ -164,35 +177,69 @@ async def test_invalid_sampling_options_are_refused(engine: FishEngine) -> None:
     assert info.value.code == "invalid_field"
 
 
-@pytest.mark.parametrize("lang", ["en", "zh"])
-async def test_a_checkpoint_directory_streams_what_upstream_generates(lang: str) -> None:
+@pytest.mark.parametrize("entry", entries(r"gen_\w+?_fp32_y\.npy"))
+async def test_a_checkpoint_directory_streams_what_upstream_generates(entry: str) -> None:
     """The whole engine (shared-prefix KV copy, chunked prefill, batched decode, chunked
     incremental vocoding) on the upstream-format fixture checkpoint reproduces upstream's
-    greedy fp32 generation and its one-shot vocoder output."""
-    from tests.models.fish.conftest import fixture_dir, load_index
-
-    directory = fixture_dir()
-    index = load_index(directory)
-    entry = index["files"][f"gen_{lang}_fp32_y.npy"]
-    want_frames = np.load(directory / "expected" / f"gen_{lang}_fp32_frames.npy")
-    want_audio = np.load(directory / "expected" / f"gen_{lang}_fp32_audio.npy")
+    fp32 generation of every case and its one-shot vocoder output."""
+    directory = require_dir(fixture_dir())
+    index = cached_index(directory)
+    info = meta(index, entry)
+    want_frames = expected(directory, index, sibling(entry, "y", "frames"))
+    want_audio = expected(directory, index, sibling(entry, "y", "audio"))
+    call = generation_call(index, entry)
     engine = FishEngine(str(directory), FishSettings(dtype="fp32", max_streams=2))
     await engine.start()
     try:
-        # The fixture's sampling: top_p 1e-4 (argmax of the penalised logits), rep 1.2, τ 0.7.
         options = SynthesisOptions(
-            top_p=1e-4, temperature=0.7, repetition_penalty=1.2, max_frames_per_segment=24
+            top_p=call["top_p"],
+            temperature=call["temperature"],
+            repetition_penalty=call["repetition_penalty"],
+            max_frames_per_segment=call["max_new_tokens"],
         )
         stream = fish_stream(engine, options)
-        audio = await speak(stream, [index["texts"][lang]])
+        audio = await speak(stream, [call["text"]])
         frames = frames_of(stream)[0]
         stream.close()
     finally:
         await engine.stop()
-    assert frames.shape[1] == entry["n_generated"]
+    assert frames.shape[1] == info["n_generated"]
     np.testing.assert_array_equal(frames.numpy(), want_frames)
     assert audio.shape == want_audio.shape
     np.testing.assert_allclose(audio, want_audio, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("text", "piece"),
+    [("😀 Hello there.", "Hello there."), ("Hello there. 😀", "Hello there.")],
+)
+async def test_the_engine_runs_upstreams_prompt_for_emoji_texts(text: str, piece: str) -> None:
+    """The prompt the engine really prefills (its slot's tokens) is upstream's: no space token
+    left where a deleted emoji stood at either end of the text."""
+    directory = require_dir(fixture_dir())
+    engine = FishEngine(str(directory), FishSettings(dtype="fp32", max_streams=1))
+    await engine.start()
+    try:
+        stream = fish_stream(engine, SynthesisOptions(top_p=1e-4, max_frames_per_segment=4))
+        await speak(stream, [text])
+        turn = stream.slot.history[0]  # [C+1, n]
+        ran = stream.slot.cached_tokens
+        stream.close()
+        builder = PromptBuilder(FishTokenizer.from_file(directory / "tokenizer.tiktoken"), 8)
+    finally:
+        await engine.stop()
+    assert turn[0].tolist() == expected_turn(builder.tokenizer, piece)
+    prompt = torch.cat([builder.prefix(), turn], dim=1)
+    assert torch.equal(ran[:, : prompt.shape[1]], prompt)
+
+
+async def test_a_segment_with_nothing_to_say_is_silent_not_an_error(engine: FishEngine) -> None:
+    stream = fish_stream(engine)
+    assert [pcm async for pcm in stream.synthesize("😀 🚀")] == []
+    assert stream.slot.history == []  # no prompt was built
+    audio = await speak(stream, ["two words"])  # the stream carries on
+    stream.close()
+    assert audio.size == 2 * 9 * FRAME_SAMPLES
 
 
 async def test_int8_weights_serve_the_same_interface() -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from streamtts.models.fish.text import clean_text
+from streamtts.models.fish.text import clean_text, split_piece
 from streamtts.models.fish.tokenizer import IM_END, IM_START, VOICE, FishTokenizer
 
 SYSTEM_TEXT = "Speak out the provided text."
@@ -84,14 +84,21 @@ class PromptBuilder:
         return torch.cat([self.system()] + [self.reference(r) for r in references], dim=1)
 
     def turn(self, text: str) -> torch.Tensor:
-        """User message with the segment text, then the assistant generation prefix."""
+        """User message with the segment text, then the assistant generation prefix.
+
+        ``text`` is a piece as upstream's splitter leaves it (:func:`split_piece`); it is
+        cleaned once more here, as upstream's message builder does."""
         user = self.message("user", [clean_text(text)])
         assistant = self.message("assistant", [VOICE], end=False)
         return torch.cat([user, assistant], dim=1)
 
     def build(self, text: str, references: Sequence[Reference] = ()) -> torch.Tensor:
-        """The full single-segment prompt ``[C+1, L]``."""
-        return torch.cat([self.prefix(references), self.turn(text)], dim=1)
+        """The prompt ``[C+1, L]`` upstream generates a one-piece ``text`` from. Raises
+        ``ValueError`` for a text with nothing to say (upstream generates nothing for it)."""
+        piece = split_piece(text)
+        if not piece:
+            raise ValueError(f"nothing to say in {text!r}")
+        return torch.cat([self.prefix(references), self.turn(piece)], dim=1)
 
 
 def history_budget(max_length: int, prefix_length: int) -> int:

@@ -9,7 +9,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -21,6 +20,7 @@ from streamtts.models.fish.checkpoint import (
     load_fish_llm,
 )
 from streamtts.models.fish.synthetic import write_synthetic_checkpoint
+from tests.fish_fixture import read
 
 LLM_INPUT_FILE = "llm_input.npy"
 
@@ -56,7 +56,7 @@ def split_qkv(state: dict[str, torch.Tensor], q_rows: int, kv_rows: int) -> dict
 @torch.no_grad()
 def test_loader_tolerances_give_identical_model(fish_fixture_dir: Path, tmp_path: Path) -> None:
     reference = load_fish_llm(fish_fixture_dir, torch.float32).model
-    tokens = torch.from_numpy(np.load(fish_fixture_dir / "expected" / LLM_INPUT_FILE))
+    tokens = torch.from_numpy(read(fish_fixture_dir, LLM_INPUT_FILE))
     expected = reference.forward_train(tokens)
     cfg = reference.config
     state = fixture_state(fish_fixture_dir)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,7 @@ import torch
 from streamtts.models.fish.firefly import Firefly, load_firefly
 from streamtts.models.fish.firefly_encoder import FireflyEncoder, encode_reference, to_codec_input
 from streamtts.models.fish.mel import hz_to_slaney_mel, slaney_mel_filterbank, slaney_mel_to_hz
-
-from .vocoder_expected import expected, torch_threads
+from tests.fish_fixture import expected
 
 MEL_TOL = 1e-3  # max abs in ln units (values span about -11.5 .. 3)
 BACKBONE_TOL = 1e-3
@@ -23,10 +21,7 @@ PRE_ROUND_TOL = 1e-3  # fixture's min distance to a rounding boundary is 4.5e-3
 MIN_INDEX_AGREEMENT = 0.99
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from streamtts.models.fish.generate import generate
 from streamtts.models.fish.llama import DualARTransformer
 from streamtts.models.fish.prompt import PromptBuilder
 from streamtts.models.fish.sampling import SamplingParams
-from tests.models.fish.conftest import index_entries
+from tests.fish_fixture import Index, entries, generation_call, meta, read, sibling
 
 FP32_ATOL = 1e-4
 BF16_REL_TOL = 2.0**-7  # one bf16 ulp for magnitudes in [1, 2)
@@ -59,23 +59,18 @@ def assert_close(got: torch.Tensor, expected: np.ndarray, precision: str) -> Non
         assert diff <= bound, f"max abs diff {diff} > {bound}"
 
 
-def load_expected(directory: Path, entry: str) -> np.ndarray:
-    array: np.ndarray = np.load(directory / "expected" / entry)
-    return array
-
-
 # ---- teacher-forced forward passes ---------------------------------------------------------
 
 _FWD = re.compile(r"llm_fwd_(train|gen|step)_(fp32|bf16)_(logits|hidden|codebook_logits)\.npy")
 
 
-@pytest.mark.parametrize("entry", index_entries("llm_fwd_"))
+@pytest.mark.parametrize("entry", entries(r"llm_fwd_\w+\.npy"))
 def test_forward_matches_upstream(entry: str, fish_fixture_dir: Path) -> None:
     match = _FWD.fullmatch(entry)
     assert match, f"unknown llm_fwd entry {entry}"
     mode, precision, output = match.groups()
     model = model_for(fish_fixture_dir, precision).model
-    tokens = torch.from_numpy(load_expected(fish_fixture_dir, LLM_INPUT_FILE))  # [1, C+1, T]
+    tokens = torch.from_numpy(read(fish_fixture_dir, LLM_INPUT_FILE))  # [1, C+1, T]
     with torch.no_grad():
         if mode == "train":
             result = model.forward_train(tokens)
@@ -88,19 +83,19 @@ def test_forward_matches_upstream(entry: str, fish_fixture_dir: Path) -> None:
         else:
             # Upstream's decode attention kernel; the CPU default is checked below.
             got = decode_one_at_a_time(model, tokens, output, kernel="sdpa")
-    expected = load_expected(fish_fixture_dir, entry)
+    expected = read(fish_fixture_dir, entry)
     if output == "codebook_logits":
         skipped = (expected == 0).all(axis=(1, 2))
         np.testing.assert_array_equal((got == 0).all(dim=2).all(dim=1).numpy(), skipped)
     assert_close(got, expected, precision)
 
 
-@pytest.mark.parametrize("entry", index_entries("fast_logits_"))
+@pytest.mark.parametrize("entry", entries(r"fast_logits_\w+\.npy"))
 def test_fast_transformer_matches_upstream(entry: str, fish_fixture_dir: Path) -> None:
     precision = precision_of(entry)
     model = model_for(fish_fixture_dir, precision).model
-    hidden = torch.from_numpy(load_expected(fish_fixture_dir, FAST_HIDDEN_FILE))  # [N, D]
-    codes = torch.from_numpy(load_expected(fish_fixture_dir, FAST_CODES_FILE))  # [N, C-1]
+    hidden = torch.from_numpy(read(fish_fixture_dir, FAST_HIDDEN_FILE))  # [N, D]
+    codes = torch.from_numpy(read(fish_fixture_dir, FAST_CODES_FILE))  # [N, C-1]
     cache = model.allocate_cache(hidden.shape[0])
     with torch.no_grad():
         pos0 = model.fast_step(cache, hidden.to(model.dtype), 0)  # [N, K]
@@ -109,7 +104,7 @@ def test_fast_transformer_matches_upstream(entry: str, fish_fixture_dir: Path) -
             for k in range(1, codes.shape[1] + 1)
         ]
     got = pos0 if "_pos0_" in entry else torch.stack(later, dim=1)
-    assert_close(got, load_expected(fish_fixture_dir, entry), precision)
+    assert_close(got, read(fish_fixture_dir, entry), precision)
 
 
 # ---- seeded generation ---------------------------------------------------------------------
@@ -117,36 +112,17 @@ def test_fast_transformer_matches_upstream(entry: str, fish_fixture_dir: Path) -
 _GEN = re.compile(r"gen_(\w+?)_(fp32|bf16)_y\.npy")
 
 
-def parse_generation_call(call: str, texts: dict[str, str]) -> tuple[str, int, int, SamplingParams]:
-    """Text, seed, max_new_tokens and sampling parameters of an upstream generate_long call."""
-
-    def number(name: str) -> float:
-        found = re.search(rf"\b{name}=([0-9.eE+-]+)", call)
-        assert found, f"{name} not in {call!r}"
-        return float(found.group(1))
-
-    text_key = re.search(r"text=texts\['(\w+)'\]", call)
-    seed = re.search(r"torch\.manual_seed\((\d+)\)", call)
-    assert text_key and seed, call
-    assert "prompt_text=[]" in call, "generation fixtures with references are not handled yet"
-    params = SamplingParams(
-        temperature=number("temperature"),
-        top_p=number("top_p"),
-        repetition_penalty=number("repetition_penalty"),
-    )
-    return texts[text_key.group(1)], int(seed.group(1)), int(number("max_new_tokens")), params
-
-
-def run_generation(directory: Path, index: dict[str, Any], entry: str) -> tuple[np.ndarray, Any]:
+def run_generation(directory: Path, index: Index, entry: str) -> tuple[np.ndarray, Any]:
     precision = _GEN.fullmatch(entry).group(2)  # type: ignore[union-attr]
     llm = model_for(directory, precision)
-    text, seed, max_new, params = parse_generation_call(
-        index["files"][entry]["call"], index["texts"]
-    )
-    prompt = PromptBuilder(llm.tokenizer, llm.config.num_codebooks).build(text)
-    torch.manual_seed(seed)
+    call = generation_call(index, entry)
+    params = SamplingParams(call["temperature"], call["top_p"], call["repetition_penalty"])
+    prompt = PromptBuilder(llm.tokenizer, llm.config.num_codebooks).build(call["text"])
+    torch.manual_seed(call["seed"])
     with torch.no_grad():
-        result = generate(llm.model, prompt, llm.tokenizer.im_end_id, max_new, params)
+        result = generate(
+            llm.model, prompt, llm.tokenizer.im_end_id, call["max_new_tokens"], params
+        )
     return result.tokens.numpy(), result
 
 
@@ -156,30 +132,26 @@ def first_tie_step(margins: np.ndarray) -> int:
     return int(ties[0]) if ties.size else margins.shape[0]
 
 
-@pytest.mark.parametrize("entry", index_entries("gen_", _GEN.pattern))
-def test_generation_matches_upstream(
-    entry: str, fish_fixture_dir: Path, fish_index: dict[str, Any]
-) -> None:
-    meta = fish_index["files"][entry]
-    expected = load_expected(fish_fixture_dir, entry)
+@pytest.mark.parametrize("entry", entries(_GEN.pattern))
+def test_generation_matches_upstream(entry: str, fish_fixture_dir: Path, fish_index: Index) -> None:
+    info = meta(fish_index, entry)
+    expected = read(fish_fixture_dir, entry)
     got, result = run_generation(fish_fixture_dir, fish_index, entry)
-    prompt_len = meta["prompt_len"]
+    prompt_len = info["prompt_len"]
     assert result.prompt_len == prompt_len
     np.testing.assert_array_equal(got[:, :prompt_len], expected[:, :prompt_len])
-    base = entry[: -len("y.npy")]
+    frames, codes, margins = (
+        sibling(entry, "y", kind) for kind in ("frames", "codes", "step_margins")
+    )
     if precision_of(entry) == "fp32":
         np.testing.assert_array_equal(got, expected)
-        assert result.stopped == meta["stopped_on_im_end"]
-        np.testing.assert_array_equal(
-            result.frames.numpy(), load_expected(fish_fixture_dir, base + "frames.npy")
-        )
-        np.testing.assert_array_equal(
-            result.codes.numpy(), load_expected(fish_fixture_dir, base + "codes.npy")
-        )
+        assert result.stopped == info["stopped_on_im_end"]
+        np.testing.assert_array_equal(result.frames.numpy(), read(fish_fixture_dir, frames))
+        np.testing.assert_array_equal(result.codes.numpy(), read(fish_fixture_dir, codes))
     else:
         # bf16 has exact ties (margin 0) that any 1-ulp difference may resolve differently:
         # frames must agree exactly up to the first tie; later frames are not compared.
-        n_exact = first_tie_step(load_expected(fish_fixture_dir, base + "step_margins.npy"))
+        n_exact = first_tie_step(read(fish_fixture_dir, margins))
         end = prompt_len + n_exact
         assert got.shape[1] >= end
         np.testing.assert_array_equal(got[:, :end], expected[:, :end])
@@ -188,15 +160,15 @@ def test_generation_matches_upstream(
 _STEP = re.compile(r"gen_(\w+?)_(fp32|bf16)_step_(slow|fast)_logits\.npy")
 
 
-@pytest.mark.parametrize("entry", index_entries("gen_", _STEP.pattern))
+@pytest.mark.parametrize("entry", entries(_STEP.pattern))
 def test_generation_step_logits_match_upstream(
-    entry: str, fish_fixture_dir: Path, fish_index: dict[str, Any]
+    entry: str, fish_fixture_dir: Path, fish_index: Index
 ) -> None:
     """Teacher-force the upstream frames and compare the raw slow / fast logits of every step."""
     lang, precision, head = _STEP.fullmatch(entry).groups()  # type: ignore[union-attr]
     y_entry = f"gen_{lang}_{precision}_y.npy"
-    prompt_len = fish_index["files"][y_entry]["prompt_len"]
-    y = torch.from_numpy(load_expected(fish_fixture_dir, y_entry))  # [C+1, T+N]
+    prompt_len = meta(fish_index, y_entry)["prompt_len"]
+    y = torch.from_numpy(read(fish_fixture_dir, y_entry))  # [C+1, T+N]
     model = model_for(fish_fixture_dir, precision).model
     cache = model.allocate_cache(1)
     slot = torch.tensor([0])
@@ -216,7 +188,7 @@ def test_generation_step_logits_match_upstream(
             step = model.decode_slow(cache, frame[None, :, None], slot, torch.tensor([t]), t + 1)
             logits, hidden = step.logits, step.hidden
     got = torch.stack(slow_logits if head == "slow" else fast_logits)
-    assert_close(got, load_expected(fish_fixture_dir, entry), precision)
+    assert_close(got, read(fish_fixture_dir, entry), precision)
 
 
 def decode_one_at_a_time(
@@ -248,10 +220,10 @@ def test_cpu_decode_kernel_is_as_accurate_as_upstream_bf16(
     kernel (up to two bf16 steps apart after 40 positions), so it is held to the fp32 truth
     instead: its error must be no larger than upstream's own bf16 error, max and mean."""
     model = model_for(fish_fixture_dir, "bf16").model
-    tokens = torch.from_numpy(load_expected(fish_fixture_dir, LLM_INPUT_FILE))
+    tokens = torch.from_numpy(read(fish_fixture_dir, LLM_INPUT_FILE))
     got = decode_one_at_a_time(model, tokens, output, kernel="fp32").float().numpy()
-    truth = load_expected(fish_fixture_dir, f"llm_fwd_step_fp32_{output}.npy")
-    upstream = load_expected(fish_fixture_dir, f"llm_fwd_step_bf16_{output}.npy")
+    truth = read(fish_fixture_dir, f"llm_fwd_step_fp32_{output}.npy")
+    upstream = read(fish_fixture_dir, f"llm_fwd_step_bf16_{output}.npy")
     ours_error, upstream_error = np.abs(got - truth), np.abs(upstream - truth)
     assert ours_error.max() <= 1.1 * upstream_error.max()
     assert ours_error.mean() <= 1.1 * upstream_error.mean()

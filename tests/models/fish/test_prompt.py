@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -17,9 +16,9 @@ from streamtts.models.fish.prompt import (
     segment_prompt,
     select_history,
 )
-from streamtts.models.fish.text import clean_text
+from streamtts.models.fish.text import clean_text, split_piece
 from streamtts.models.fish.tokenizer import FishTokenizer
-from tests.models.fish.conftest import index_entries
+from tests.fish_fixture import Index, entries, expected, expected_turn, meta
 
 REF_CODES_FILE = "ref_codes.npy"
 
@@ -31,19 +30,18 @@ def builder(fish_fixture_dir: Path) -> PromptBuilder:
     return PromptBuilder(tokenizer, config.num_codebooks)
 
 
-@pytest.mark.parametrize("entry", index_entries("prompt_"))
+@pytest.mark.parametrize("entry", entries(r"prompt_\w+\.npy"))
 def test_prompt_matches_upstream(
-    entry: str, builder: PromptBuilder, fish_fixture_dir: Path, fish_index: dict[str, Any]
+    entry: str, builder: PromptBuilder, fish_fixture_dir: Path, fish_index: Index
 ) -> None:
-    meta = fish_index["files"][entry]
+    info = meta(fish_index, entry)
     references = []
-    if "ref_text" in meta:
-        codes = torch.from_numpy(np.load(fish_fixture_dir / "expected" / REF_CODES_FILE))
-        references.append(Reference(meta["ref_text"], codes))
-    got = builder.build(meta["text"], references)
-    expected = np.load(fish_fixture_dir / "expected" / entry)
+    if "ref_text" in info:
+        codes = torch.from_numpy(expected(fish_fixture_dir, fish_index, REF_CODES_FILE))
+        references.append(Reference(info["ref_text"], codes))
+    got = builder.build(info["text"], references)
     assert got.dtype == torch.int32
-    np.testing.assert_array_equal(got.numpy(), expected)
+    np.testing.assert_array_equal(got.numpy(), expected(fish_fixture_dir, fish_index, entry))
 
 
 def test_prompt_layout(builder: PromptBuilder) -> None:
@@ -64,6 +62,43 @@ def test_prompt_layout(builder: PromptBuilder) -> None:
 def test_clean_text() -> None:
     assert clean_text("  \u2018hi\u2019 ,,, there 😀🚀🇺 ok,, ") == "'hi' , there  ok,"
     assert clean_text("robot 🤖 stays") == "robot 🤖 stays"
+    # Upstream strips before deleting emoji: the space an emoji leaves at an end stays here...
+    assert clean_text("😀 Hello") == " Hello"
+
+
+# (text, the piece upstream's splitter keeps): cleaned, then stripped, then dropped when only
+# whitespace and ASCII punctuation are left (spec §4.5).
+PIECES = [
+    ("😀 Hello there.", "Hello there."),  # emoji at the start
+    ("Hello there. 😀", "Hello there."),  # at the end
+    ("Hello 😀 there.", "Hello  there."),  # between spaces: only the ends are stripped
+    ("  🚀😀 🇺  ", ""),  # only emoji: nothing to say
+    ("😀!", ""),  # only punctuation left
+    ("🤖 stays", "🤖 stays"),  # not in a deleted block
+    ("\u2018Hi\u2019,, you 😀", "'Hi', you"),
+]
+
+
+@pytest.mark.parametrize(("text", "piece"), PIECES)
+def test_split_piece_follows_upstreams_order(text: str, piece: str) -> None:
+    assert split_piece(text) == piece
+
+
+@pytest.mark.parametrize(("text", "piece"), [p for p in PIECES if p[1]])
+def test_prompts_of_emoji_texts_follow_the_spec(
+    builder: PromptBuilder, text: str, piece: str
+) -> None:
+    prompt = builder.build(text)
+    prefix = builder.prefix()
+    assert torch.equal(prompt[:, : prefix.shape[1]], prefix)
+    turn = prompt[:, prefix.shape[1] :]
+    assert turn[0].tolist() == expected_turn(builder.tokenizer, piece)
+    assert int(turn[1:].abs().sum()) == 0  # no codes in a text turn
+
+
+def test_a_text_with_nothing_to_say_has_no_prompt(builder: PromptBuilder) -> None:
+    with pytest.raises(ValueError, match="nothing to say"):
+        builder.build("😀 😀")
 
 
 def test_select_history_keeps_everything_within_budget() -> None:

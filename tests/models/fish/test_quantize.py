@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -16,6 +14,7 @@ from streamtts.models.fish.quantize import (
     Int8Linear,
     quantize_int8_,
 )
+from tests.fish_fixture import Index, expected
 
 
 def test_int8_linear_applies_its_dequantized_weight() -> None:
@@ -54,10 +53,10 @@ def test_prompt_chunks_take_the_matrix_path_within_a_rounding_of_the_row_kernel(
 
 
 def test_quantized_fixture_model_stays_close_to_bf16(
-    fish_fixture_dir: Path, fish_index: dict[str, Any]
+    fish_fixture_dir: Path, fish_index: Index
 ) -> None:
     llm = load_fish_llm(fish_fixture_dir, torch.bfloat16)
-    tokens = torch.from_numpy(np.load(fish_fixture_dir / "expected" / "llm_input.npy"))
+    tokens = torch.from_numpy(expected(fish_fixture_dir, fish_index, "llm_input.npy"))
     with torch.inference_mode():
         want = llm.model.forward_slow_train(tokens).logits.float()
         linears = sum(isinstance(m, nn.Linear) for m in llm.model.modules())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from streamtts.models.fish.tokenizer import (
     read_mergeable_ranks,
     special_token_strings,
 )
-from tests.models.fish.conftest import index_entries
+from tests.fish_fixture import Index, entries, expected, meta
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +22,13 @@ def tokenizer(fish_fixture_dir: Path) -> FishTokenizer:
     return FishTokenizer.from_file(fish_fixture_dir / "tokenizer.tiktoken")
 
 
-@pytest.mark.parametrize("entry", index_entries("tok_"))
+@pytest.mark.parametrize("entry", entries(r"tok_\w+\.npy"))
 def test_encode_matches_upstream(
-    entry: str, tokenizer: FishTokenizer, fish_fixture_dir: Path, fish_index: dict[str, Any]
+    entry: str, tokenizer: FishTokenizer, fish_fixture_dir: Path, fish_index: Index
 ) -> None:
-    meta = fish_index["files"][entry]
-    expected = np.load(fish_fixture_dir / "expected" / entry)
-    got = np.array(tokenizer.encode(meta["text"]), dtype=np.int64)
-    np.testing.assert_array_equal(got, expected.astype(np.int64))
+    want = expected(fish_fixture_dir, fish_index, entry)
+    got = np.array(tokenizer.encode(meta(fish_index, entry)["text"]), dtype=np.int64)
+    np.testing.assert_array_equal(got, want.astype(np.int64))
 
 
 def test_special_ids_follow_the_file(tokenizer: FishTokenizer, fish_fixture_dir: Path) -> None:
@@ -45,15 +43,15 @@ def test_special_ids_follow_the_file(tokenizer: FishTokenizer, fish_fixture_dir:
 
 
 def test_special_ids_agree_with_fixture_metadata(
-    tokenizer: FishTokenizer, fish_index: dict[str, Any], fish_fixture_dir: Path
+    tokenizer: FishTokenizer, fish_index: Index, fish_fixture_dir: Path
 ) -> None:
-    meta = fish_index["tokenizer"]
-    assert tokenizer.num_mergeable == meta["n_mergeable"]
-    assert tokenizer.semantic_begin_id == meta["semantic_begin_id"]
-    assert tokenizer.semantic_end_id == meta["semantic_end_id"]
-    assert tokenizer.im_start_id == meta["im_start_id"]
-    assert tokenizer.im_end_id == meta["im_end_id"]
-    assert tokenizer.voice_id == meta["voice_id"]
+    info = fish_index["tokenizer"]
+    assert tokenizer.num_mergeable == info["n_mergeable"]
+    assert tokenizer.semantic_begin_id == info["semantic_begin_id"]
+    assert tokenizer.semantic_end_id == info["semantic_end_id"]
+    assert tokenizer.im_start_id == info["im_start_id"]
+    assert tokenizer.im_end_id == info["im_end_id"]
+    assert tokenizer.voice_id == info["voice_id"]
     # special_tokens.json is never read by the loader, but it must agree with the computed ids.
     with open(fish_fixture_dir / "special_tokens.json", encoding="utf-8") as f:
         assert json.load(f) == tokenizer.special_tokens

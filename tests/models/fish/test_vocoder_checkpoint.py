@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from streamtts.models.fish.firefly import GENERATOR_FILENAME as GENERATOR
 from streamtts.models.fish.firefly import load_firefly
 from streamtts.models.fish.firefly_decoder import FireflyDecoder
 from streamtts.models.fish.firefly_encoder import FireflyEncoder
 from streamtts.models.fish.vocoder_checkpoint import fold_weight_norm, read_generator_state_dict
 from streamtts.models.fish.vocoder_config import VocoderConfig, load_vocoder_config
-
-from .vocoder_expected import GENERATOR, expected, torch_threads
+from tests.fish_fixture import Index, codes_for, expected, fp32_decodes
 
 FP32_TOL = 1e-4
 NEW_G, NEW_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
@@ -29,10 +28,7 @@ RELEASED_PARAMS_FOLDED = 47_065_218 - 10_433
 StateDict = dict[str, torch.Tensor]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def original(fixture_dir: Path) -> StateDict:
@@ -82,16 +78,17 @@ STYLES: dict[str, Callable[[StateDict], object]] = {
 
 @pytest.mark.parametrize("style", list(STYLES))
 def test_key_styles_decode_identically(
-    fish_fixture_dir: Path, fish_index: dict[str, Any], tmp_path: Path, style: str
+    fish_fixture_dir: Path, fish_index: Index, tmp_path: Path, style: str
 ) -> None:
     torch.save(STYLES[style](original(fish_fixture_dir)), tmp_path / GENERATOR)
     shutil.copy(fish_fixture_dir / "vocoder_config.json", tmp_path / "vocoder_config.json")
     model = load_firefly(tmp_path / GENERATOR, with_encoder=style == "new_api")
-    codes = torch.from_numpy(expected(fish_fixture_dir, fish_index, "dec_codes.npy"))
-    want = expected(fish_fixture_dir, fish_index, "dec_audio_fp32.npy")
-    with torch.inference_mode():
-        got = model.decoder(codes[None])[0, 0].numpy()
-    assert np.abs(got - want).max() <= FP32_TOL
+    for name in fp32_decodes(fish_index):
+        codes = codes_for(fish_fixture_dir, fish_index, name)
+        want = expected(fish_fixture_dir, fish_index, name)
+        with torch.inference_mode():
+            got = model.decoder(codes[None])[0, 0].numpy()
+        assert np.abs(got - want).max() <= FP32_TOL, name
 
 
 def test_transposed_conv_weight_norm_is_per_input_channel(fish_fixture_dir: Path) -> None:

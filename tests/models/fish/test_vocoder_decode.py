@@ -1,10 +1,15 @@
-"""Firefly decode parity with the upstream implementation's outputs (fish15-tiny fixture)."""
+"""Firefly decode parity with the upstream implementation's outputs (the Fish fixture set).
+
+Cases come from ``expected/index.json``: every fp32 decode (``dec_audio*_fp32``,
+``gen_<case>_fp32_audio``), every latent (``dec_latent*``), every bf16-autocast decode, and each
+group of independently decoded chunks; which codes each decoded is read from its recorded call.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -13,8 +18,17 @@ import torch
 from streamtts.models.fish.firefly import Firefly, load_firefly
 from streamtts.models.fish.incremental import IncrementalDecoder
 from streamtts.models.fish.packed import packs
+from tests.fish_fixture import (
+    FP32_DECODE,
+    Index,
+    codes_for,
+    decode_source,
+    entries,
+    expected,
+    fp32_decodes,
+)
 
-from .vocoder_expected import decode_source, expected, torch_threads
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 FP32_TOL = 1e-4  # max abs, fp32 vs upstream fp32
 # bf16: upstream's own bf16-autocast decode differs from its fp32 one by ~0.024 max / 0.002 rms
@@ -22,19 +36,9 @@ FP32_TOL = 1e-4  # max abs, fp32 vs upstream fp32
 BF16_MAX_TOL = 0.06
 BF16_RMS_TOL = 0.005
 
-FP32_AUDIO = [
-    "dec_audio_fp32.npy",
-    "dec_audio_chunk0_fp32.npy",
-    "dec_audio_chunk1_fp32.npy",
-    "gen_en_fp32_audio.npy",
-    "gen_zh_fp32_audio.npy",
-]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    with torch_threads(1):
-        yield
+LATENT = r"dec_latent(_\w+)?_fp32\.npy"
+BF16_AUTOCAST = r"dec_audio(_\w+)?_bf16autocast\.npy"
+CHUNK = re.compile(r"dec_audio_chunk(\d+)_fp32\.npy")
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +46,9 @@ def firefly(fish_fixture_dir: Path) -> Firefly:
     return load_firefly(fish_fixture_dir, with_encoder=False)
 
 
-def codes_for(fixture_dir: Path, index: dict[str, Any], audio_name: str) -> torch.Tensor:
-    codes_file, frames = decode_source(index, audio_name)
-    codes = expected(fixture_dir, index, codes_file)[:, frames]
-    return torch.from_numpy(np.ascontiguousarray(codes)).long()  # [8, N]
-
-
-@pytest.mark.parametrize("name", FP32_AUDIO)
+@pytest.mark.parametrize("name", entries(FP32_DECODE))
 def test_fp32_decode_matches_upstream(
-    firefly: Firefly, fish_fixture_dir: Path, fish_index: dict[str, Any], name: str
+    firefly: Firefly, fish_fixture_dir: Path, fish_index: Index, name: str
 ) -> None:
     codes = codes_for(fish_fixture_dir, fish_index, name)
     want = expected(fish_fixture_dir, fish_index, name)
@@ -60,28 +58,42 @@ def test_fp32_decode_matches_upstream(
     assert np.abs(got - want).max() <= FP32_TOL
 
 
+@pytest.mark.parametrize("name", entries(LATENT))
 def test_latent_matches_upstream(
-    firefly: Firefly, fish_fixture_dir: Path, fish_index: dict[str, Any]
+    firefly: Firefly, fish_fixture_dir: Path, fish_index: Index, name: str
 ) -> None:
-    codes = torch.from_numpy(expected(fish_fixture_dir, fish_index, "dec_codes.npy"))
-    want = expected(fish_fixture_dir, fish_index, "dec_latent_fp32.npy")
+    codes = codes_for(fish_fixture_dir, fish_index, name)
+    want = expected(fish_fixture_dir, fish_index, name)
     with torch.inference_mode():
         got = firefly.decoder.latent(codes[None])[0].numpy()  # [C, 4N]
     assert np.abs(got - want).max() <= FP32_TOL
 
 
-def test_upstream_chunking_leaves_a_seam(
-    fish_fixture_dir: Path, fish_index: dict[str, Any]
-) -> None:
-    """Guards the premise of incremental decoding: zero-state chunks != the whole decode."""
-    full = expected(fish_fixture_dir, fish_index, "dec_audio_fp32.npy")
-    chunks = np.concatenate(
-        [
-            expected(fish_fixture_dir, fish_index, "dec_audio_chunk0_fp32.npy"),
-            expected(fish_fixture_dir, fish_index, "dec_audio_chunk1_fp32.npy"),
-        ]
-    )
-    assert np.abs(chunks - full).max() > 100 * FP32_TOL
+def test_upstream_chunking_leaves_a_seam(fish_fixture_dir: Path, fish_index: Index) -> None:
+    """Guards the premise of incremental decoding: zero-state chunks != the whole decode.
+
+    Every group of ``dec_audio_chunk<i>_fp32`` entries is checked against the fp32 decode of
+    the whole codes file they slice, the chunks in frame order."""
+    groups: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for name in fish_index["files"]:
+        if CHUNK.fullmatch(name):
+            codes_file, frames = decode_source(fish_index, name)
+            groups[codes_file].append((frames.start, name))
+    assert groups, "the fixture set has no independently decoded chunks (dec_audio_chunk*)"
+    wholes = {}
+    for name in fp32_decodes(fish_index):
+        codes_file, frames = decode_source(fish_index, name)
+        if frames == slice(None):
+            wholes[codes_file] = name
+    for codes_file, chunks in groups.items():
+        whole = wholes.get(codes_file)
+        assert whole is not None, f"no fp32 decode of the whole of {codes_file}"
+        full = expected(fish_fixture_dir, fish_index, whole)
+        joined = np.concatenate(
+            [expected(fish_fixture_dir, fish_index, name) for _, name in sorted(chunks)]
+        )
+        assert joined.shape == full.shape
+        assert np.abs(joined - full).max() > 100 * FP32_TOL
 
 
 def _bf16_close(got: np.ndarray, want: np.ndarray) -> None:
@@ -89,30 +101,36 @@ def _bf16_close(got: np.ndarray, want: np.ndarray) -> None:
     assert np.sqrt(np.mean((got - want) ** 2)) <= BF16_RMS_TOL
 
 
+@pytest.mark.parametrize("name", entries(BF16_AUTOCAST))
 def test_bf16_autocast_close_to_upstream_bf16(
-    firefly: Firefly, fish_fixture_dir: Path, fish_index: dict[str, Any]
+    firefly: Firefly, fish_fixture_dir: Path, fish_index: Index, name: str
 ) -> None:
-    codes = torch.from_numpy(expected(fish_fixture_dir, fish_index, "dec_codes.npy"))
-    want = expected(fish_fixture_dir, fish_index, "dec_audio_bf16autocast.npy")
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-        got = firefly.decoder(codes[None])[0, 0].float().numpy()
+    codes = codes_for(fish_fixture_dir, fish_index, name)
+    want = expected(fish_fixture_dir, fish_index, name)
+    with torch.inference_mode():
+        fp32 = firefly.decoder(codes[None])[0, 0].numpy()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = firefly.decoder(codes[None])[0, 0].float().numpy()
     _bf16_close(got, want)
-    fp32 = expected(fish_fixture_dir, fish_index, "dec_audio_fp32.npy")
     assert np.abs(got - fp32).max() > 1e-4  # really ran in bf16
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["cast", "autocast"])
 def test_bf16_incremental_close_to_fp32(
-    firefly: Firefly, fish_fixture_dir: Path, fish_index: dict[str, Any], autocast: bool
+    firefly: Firefly, fish_fixture_dir: Path, fish_index: Index, autocast: bool
 ) -> None:
-    codes = torch.from_numpy(expected(fish_fixture_dir, fish_index, "dec_codes.npy"))
-    want = expected(fish_fixture_dir, fish_index, "dec_audio_fp32.npy")
+    """Every fp32 decode of the set, redone in bf16 chunks of 8 frames from a fresh state."""
     dec = IncrementalDecoder(firefly.decoder, "cpu", torch.bfloat16, autocast=autocast)
-    state = dec.new_state()
-    pieces = [dec.decode([state], [codes[:, i : i + 8]])[0] for i in range(0, codes.shape[1], 8)]
-    got = torch.cat(pieces)
-    assert got.dtype == torch.float32
-    _bf16_close(got.numpy(), want)
+    for name in fp32_decodes(fish_index):
+        codes = codes_for(fish_fixture_dir, fish_index, name)
+        want = expected(fish_fixture_dir, fish_index, name)
+        state = dec.new_state()
+        pieces = [
+            dec.decode([state], [codes[:, i : i + 8]])[0] for i in range(0, codes.shape[1], 8)
+        ]
+        got = torch.cat(pieces)
+        assert got.dtype == torch.float32
+        _bf16_close(got.numpy(), want)
     # The fp32 decoder handed in is not modified by the bf16 wrapper.
     assert next(firefly.decoder.parameters()).dtype == torch.float32
 
@@ -120,21 +138,23 @@ def test_bf16_incremental_close_to_fp32(
 @pytest.mark.skipif(
     not packs(torch.device("cpu"), torch.bfloat16), reason="this CPU's oneDNN has no bf16 kernels"
 )
+@pytest.mark.parametrize("name", entries(FP32_DECODE))
 def test_packed_bf16_decoder_within_a_rounding_of_the_unpacked_one(
-    firefly: Firefly, fish_fixture_dir: Path, fish_index: dict[str, Any]
+    firefly: Firefly, fish_fixture_dir: Path, fish_index: Index, name: str
 ) -> None:
-    codes = torch.from_numpy(expected(fish_fixture_dir, fish_index, "dec_codes.npy"))
-    fp32 = expected(fish_fixture_dir, fish_index, "dec_audio_fp32.npy")
+    codes = codes_for(fish_fixture_dir, fish_index, name)
+    fp32 = expected(fish_fixture_dir, fish_index, name)
     audio = {}
     for pack in (True, False):
         dec = IncrementalDecoder(firefly.decoder, "cpu", torch.bfloat16, pack=pack)
         assert dec.packed is pack
         state = dec.new_state()
-        chunks = [dec.decode([state], [codes[:, i : i + 8]])[0] for i in range(0, 24, 8)]
+        frames = codes.shape[1]
+        chunks = [dec.decode([state], [codes[:, i : i + 8]])[0] for i in range(0, frames, 8)]
         audio[pack] = torch.cat(chunks).numpy()
     assert not np.array_equal(audio[True], audio[False])  # the packed kernels really ran
     # Each is a bf16 rendering of the fp32 audio; the packed one is no further from it.
-    errors = {pack: np.sqrt(np.mean((a - fp32[: a.size]) ** 2)) for pack, a in audio.items()}
+    errors = {pack: np.sqrt(np.mean((a - fp32) ** 2)) for pack, a in audio.items()}
     assert errors[True] <= 1.5 * errors[False], errors
     _bf16_close(audio[True], audio[False])
 

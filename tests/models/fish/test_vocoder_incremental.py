@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,10 @@ from streamtts.models.fish.incremental import (
     out_of_range_codes_total,
 )
 
-from .vocoder_expected import torch_threads
-
 EXACT_TOL = 1e-5  # fp32 max abs: chunked vs one-shot (only summation order may differ)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
