@@ -29,8 +29,8 @@ from typing import Any, cast
 import torch
 
 from streamtts.engine.base import SynthesisOptions
-from streamtts.engine.fish_engine import FishEngine, FishSettings, FishStream, describe_dtype
-from streamtts.engine.jobs import ChunkSchedule, SegmentJob
+from streamtts.fish.engine import FishEngine, FishSettings, FishStream, describe_dtype
+from streamtts.fish.jobs import ChunkSchedule, SegmentJob
 
 SENTENCE_60_CHARS = "The weather is lovely today, so let us walk down to the sea."
 PARAGRAPH = (
@@ -150,7 +150,7 @@ async def overlap(engine: FishEngine, frames: int) -> dict[str, float]:
     generator.release(slot)
 
     # Vocoder alone: the same frames in the same chunks, on the generator thread (the one
-    # torch thread on a CPU; see streamtts.engine.devices).
+    # torch thread on a CPU; see streamtts.fish.devices).
     work = generator.call(lambda: vocode_alone(engine, segment_frames, stream.schedule))
     vocoder_s = cast(float, await asyncio.wrap_future(work))
     n = sum(f.shape[1] - 1 for f in segment_frames)

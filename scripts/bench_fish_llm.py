@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
-from streamtts.models.fish.checkpoint import MODEL_FILE, load_fish_llm
-from streamtts.models.fish.generate import RepetitionWindows, decode_step, prefill_frame
-from streamtts.models.fish.sampling import BatchSampling, SamplingParams
-from streamtts.models.fish.synthetic import write_synthetic_checkpoint
+from streamtts.models.fish.llm.checkpoint import MODEL_FILE, load_fish_llm
+from streamtts.models.fish.llm.generate import RepetitionWindows, decode_step, prefill_frame
+from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
+from streamtts.models.fish.llm.synthetic import write_synthetic_checkpoint
 
 _LOAD_CHILD = """
 import json, sys, time, torch
-from streamtts.models.fish.checkpoint import load_fish_llm
+from streamtts.models.fish.llm.checkpoint import load_fish_llm
 def hwm_kb():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 torch.set_num_threads(int(sys.argv[2]))

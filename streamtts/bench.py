@@ -21,9 +21,9 @@ from typing import Any, cast
 import torch
 
 from streamtts.engine.base import SynthesisOptions
-from streamtts.engine.devices import choose_device
-from streamtts.engine.fish_engine import FishEngine, FishSettings, describe_dtype
-from streamtts.models.fish.generate import (
+from streamtts.fish.devices import choose_device
+from streamtts.fish.engine import FishEngine, FishSettings, describe_dtype
+from streamtts.models.fish.llm.generate import (
     FastCodes,
     RepetitionWindows,
     SlowStep,
@@ -32,9 +32,9 @@ from streamtts.models.fish.generate import (
     sample_frame,
     slow_step,
 )
-from streamtts.models.fish.llama import DualARTransformer, KVCache
+from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
+from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
 from streamtts.models.fish.packed import PackedLinear
-from streamtts.models.fish.sampling import BatchSampling, SamplingParams
 
 FRAMES_PER_S_REALTIME = 44_100 / 2048
 SENTENCE_60_CHARS = "The weather is lovely today, so let us walk down to the sea."
@@ -269,7 +269,7 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         "compile_s": round(sum(engine.generator.compile_s.values()), 1),
     }
     # Stage timings run on the generator thread, where all model work runs: a second torch
-    # thread would slow every kernel on the CPU (see streamtts.engine.devices).
+    # thread would slow every kernel on the CPU (see streamtts.fish.devices).
     work = engine.generator.call(
         lambda: measure_stages(
             engine,

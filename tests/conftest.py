@@ -1,4 +1,5 @@
-"""Shared fixtures: a real uvicorn server on 127.0.0.1 running the bundled Piper voice."""
+"""Shared fixtures: real uvicorn servers on 127.0.0.1 (the bundled Piper voice, synthetic Fish),
+the Fish reference fixture set (see tests/fish_fixture.py), one torch thread per module."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
+
+from tests.fish_fixture import Index, fixture_dir, load_index, require_dir
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 SERVER_START_TIMEOUT_S = 90.0
@@ -86,3 +90,25 @@ def live_server() -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def fish_fixture_dir() -> Path:
+    return require_dir(fixture_dir())
+
+
+@pytest.fixture(scope="session")
+def fish_index(fish_fixture_dir: Path) -> Index:
+    return load_index(fish_fixture_dir)
+
+
+@pytest.fixture(scope="module")
+def single_thread() -> Iterator[None]:
+    """One intra-op thread for a module: the tiny fixture model's ops are too small to gain from
+    threads, and on a shared CPU OpenMP spin-waiting makes 2 threads several times slower."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from streamtts.models.fish.tokenizer import FishTokenizer
+from streamtts.models.fish.llm.tokenizer import FishTokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "fish15-tiny"

@@ -16,12 +16,12 @@ class ModelSpecError(ValueError):
 def create_engine(settings: Settings) -> Engine:
     spec = settings.model
     if spec == "piper" or spec.startswith("piper:"):
-        from streamtts.models.piper import PiperEngine
+        from streamtts.piper.engine import PiperEngine
 
         path = Path(spec.split(":", 1)[1]).expanduser() if ":" in spec else None
         return PiperEngine(path, threads=settings.engine_threads)
     if spec.startswith("synthetic:") or Path(spec).expanduser().is_dir():
-        from streamtts.engine.fish_engine import FishEngine, FishSettings
+        from streamtts.fish.engine import FishEngine, FishSettings
 
         # FishSettings' fields are named as the server settings they come from.
         names = [f.name for f in dataclasses.fields(FishSettings)]

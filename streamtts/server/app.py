@@ -18,9 +18,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from streamtts.config import Settings
+from streamtts.engine import faults
 from streamtts.engine.base import Engine
 from streamtts.engine.factory import create_engine
-from streamtts.server import faults, openai
+from streamtts.server import openai
 from streamtts.server.auth import ApiKeys, OriginPolicy, SecurityMiddleware
 from streamtts.server.metrics import CONTENT_TYPE, Metrics
 from streamtts.server.shutdown import watchdog

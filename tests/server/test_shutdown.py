@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from streamtts.server.faults import JOB_FAULT, WORKER_FAULT
+from streamtts.engine.faults import JOB_FAULT, WORKER_FAULT
 from tests.conftest import ServerProcess
 from tests.server.ws_client import StreamClient
 

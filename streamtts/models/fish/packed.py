@@ -8,8 +8,8 @@ removes it; the kernel, and so every result bit, stays the same (checked by the 
 weights beyond the caches: 8192x1024 in 0.26 ms instead of 0.59 ms, the 102048x1024 output
 head in 2.7 ms instead of 7.2 ms (65-77 GB/s against ~28 GB/s).
 
-Packing also fuses each SwiGLU's gate and up projections (``w1``, ``w3``) into one matrix:
-one wide product reads at a higher rate than two half-width ones, with identical rows.
+Fuse each SwiGLU's gate and up projections first (:func:`fuse_gate_up_`): one wide product
+reads at a higher rate than two half-width ones, with identical rows.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from streamtts.models.fish.llama import fuse_gate_up_
 from streamtts.models.fish.swap import replace_linears_
 
 
@@ -63,12 +62,11 @@ def can_pack(model: nn.Module) -> bool:
 
 
 def pack_linears_(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> int:
-    """Fuse SwiGLU gate/up and pack every ``nn.Linear`` of ``model`` in place.
+    """Pack every ``nn.Linear`` of ``model`` in place.
 
     Modules inside ``skip`` stay as they are (e.g. a part handed to ``torch.compile``, whose
     freezing packs weights itself). Returns how many layers were packed.
     """
-    fuse_gate_up_(model, skip)
     return replace_linears_(model, PackedLinear.from_linear, skip)
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from streamtts.models.fish.generate import RepetitionWindows, decode_step
-from streamtts.models.fish.llama import FeedForward
+from streamtts.models.fish.llm.generate import RepetitionWindows, decode_step
+from streamtts.models.fish.llm.llama import FeedForward, fuse_gate_up_
+from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
+from streamtts.models.fish.llm.synthetic import load_synthetic
 from streamtts.models.fish.packed import PackedLinear, can_pack, is_packed, pack_linears_
-from streamtts.models.fish.sampling import BatchSampling, SamplingParams
-from streamtts.models.fish.synthetic import load_synthetic
 
 needs_bf16_onednn = pytest.mark.skipif(
     not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 kernels here"
@@ -53,6 +53,7 @@ def test_packed_model_decodes_bit_identically() -> None:
     assert can_pack(packed)
     linears = sum(isinstance(m, torch.nn.Linear) for m in packed.modules())
     ffns = sum(isinstance(m, FeedForward) for m in packed.modules())
+    fuse_gate_up_(packed)
     assert pack_linears_(packed) == linears - ffns  # w1 + w3 became one layer each
     assert is_packed(packed) and not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
     prompt = torch.randint(0, 500, (9, 40))
@@ -75,7 +76,9 @@ def test_packed_model_decodes_bit_identically() -> None:
 @needs_bf16_onednn
 def test_skipped_parts_stay_plain() -> None:
     model = load_synthetic("tiny", torch.bfloat16, "cpu", seed=1).model
-    pack_linears_(model, skip=(model.fast_layers, model.fast_output))
+    skip = (model.fast_layers, model.fast_output)
+    fuse_gate_up_(model, skip)
+    pack_linears_(model, skip=skip)
     assert isinstance(model.fast_output, torch.nn.Linear)
     assert isinstance(model.fast_layers[0].feed_forward.w1, torch.nn.Linear)
     assert isinstance(model.layers[0].attention.wqkv, PackedLinear)

@@ -1,0 +1,218 @@
+"""Frame generation for Fish-Speech 1.5 (spec §4.3–4.4), built on batched primitives.
+
+* :func:`sample_frame` turns slow logits/hidden states ``[B, ...]`` into one frame per row:
+  the slow token, then codebook 0 derived from it, then codebooks 1..C-1 from the fast
+  transformer, each sampled with the row's own parameters.
+* :func:`prefill_frame` prefills one prompt into a slot and samples its first frame (no
+  repetition penalty, as upstream).
+* :func:`decode_step` is the reusable batched step: previous frames of B sequences in B slots at
+  B different positions → the next frame of each. No host synchronisation inside.
+* :class:`RepetitionWindows` keeps upstream's 16-frame penalty window per slot.
+* :func:`generate` is the single-sequence reference loop matching upstream ``generate()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from streamtts.models.fish.llm.llama import DualARTransformer, KVCache, SlowOutput
+from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams, sample
+
+# Frames in the repetition-penalty window (zero-initialised, upstream).
+WINDOW_FRAMES = 16
+
+
+FastCodes = Callable[..., torch.Tensor]
+# (model, cache, tokens [B, C+1, 1], slots [B], positions [B], kv_len) -> SlowOutput
+SlowStep = Callable[
+    [DualARTransformer, KVCache, torch.Tensor, torch.Tensor, torch.Tensor, int], SlowOutput
+]
+# The slow transformer's decode step as a plain function of the model, which can be compiled.
+slow_step: SlowStep = DualARTransformer.decode_slow
+
+
+def fast_codes(
+    model: DualARTransformer,
+    cache: KVCache,
+    hidden: torch.Tensor,
+    code0: torch.Tensor,
+    sampling: BatchSampling,
+    windows: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Codebooks 1.. of a frame from the fast transformer: hidden [B, D], code0 [B] → [B, C-1].
+
+    Position 0 takes the slow hidden state (its logits are unused upstream); position k the
+    embedding of codebook k-1. Window row k+1 penalises codebook k. One random draw of size K
+    per codebook (upstream order). Shapes depend on B only, so the pass compiles per batch size.
+    """
+    model.fast_step(cache, hidden, 0)
+    code = code0
+    codes = []
+    for k in range(1, model.config.num_codebooks):
+        fast_logits = model.fast_step(cache, model.fast_embeddings(code), k)  # [B, K]
+        window = None if windows is None else windows[:, k + 1]
+        code = sample(fast_logits, sampling, window, generator)  # [B]
+        codes.append(code)
+    return torch.stack(codes, dim=1)  # [B, C-1]
+
+
+def sample_frame(
+    model: DualARTransformer,
+    cache: KVCache,
+    logits: torch.Tensor,
+    hidden: torch.Tensor,
+    sampling: BatchSampling,
+    windows: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    fast: FastCodes = fast_codes,
+) -> torch.Tensor:
+    """Sample one frame per row: logits [B, V], hidden [B, D], windows [B, C+1, W] → [B, C+1] int32.
+
+    Row 0 of the frame is the slow token (sampled over the whole vocabulary); codebook 0 is that
+    token minus ``<|semantic:0|>``, clamped into the codebook; codebooks 1.. come from the fast
+    transformer (``fast``: :func:`fast_codes` or a compiled equivalent). Window row 0 penalises
+    slow tokens, row k+1 codebook k (row 1 is unused). Random draws per call: one of size V,
+    then one of size K per codebook 1.. (upstream order).
+    """
+    cfg = model.config
+    slow_window = None if windows is None else windows[:, 0]
+    slow_token = sample(logits, sampling, slow_window, generator)  # [B]
+    code0 = (slow_token - model.semantic_begin_id).clamp(0, cfg.codebook_size - 1)  # [B]
+    rest = fast(model, cache, hidden, code0, sampling, windows, generator)  # [B, C-1]
+    frame = torch.cat([slow_token[:, None], code0[:, None], rest], dim=1)  # [B, C+1]
+    return frame.to(torch.int32)
+
+
+def prefill_frame(
+    model: DualARTransformer,
+    cache: KVCache,
+    prompt: torch.Tensor,
+    slot: int,
+    sampling: BatchSampling,
+    start_pos: int = 0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Prefill ``prompt`` [C+1, S] into ``slot`` from ``start_pos``; sample its first frame [C+1].
+
+    ``sampling`` holds one row. For a chunked prefill, call :meth:`DualARTransformer.prefill`
+    for the earlier chunks and this for the last one.
+    """
+    out = model.prefill(cache, prompt, slot, start_pos)
+    return sample_frame(
+        model, cache, out.logits[None], out.hidden[None], sampling, None, generator
+    )[0]
+
+
+def decode_step(
+    model: DualARTransformer,
+    cache: KVCache,
+    frames: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    kv_len: int,
+    windows: torch.Tensor,
+    sampling: BatchSampling,
+    generator: torch.Generator | None = None,
+    fast: FastCodes = fast_codes,
+    slow: SlowStep = slow_step,
+) -> torch.Tensor:
+    """One decode step for B sequences: previous frames [B, C+1] → next frames [B, C+1] int32.
+
+    slots [B] int64 (distinct), positions [B] int64 (position of each input frame),
+    ``kv_len`` a host-side bound > max(positions), windows [B, C+1, W] (see
+    :class:`RepetitionWindows`), sampling with B rows. B must not exceed ``cache.slots``.
+    ``fast`` and ``slow`` run the two transformers (eager, or compiled equivalents).
+    """
+    out = slow(model, cache, frames[:, :, None], slots, positions, kv_len)
+    return sample_frame(model, cache, out.logits, out.hidden, sampling, windows, generator, fast)
+
+
+class RepetitionWindows:
+    """Per-slot ring buffers ``[slots, C+1, 16]`` reproducing upstream's penalty window.
+
+    Upstream's window at loop step i is ``prev[:, :16]`` (zero-padded) for i < 16, else the last
+    16 frames. The penalty treats a window as a set, so a ring written at ``i % 16`` is exact.
+    """
+
+    def __init__(self, slots: int, rows: int, device: torch.device | str = "cpu") -> None:
+        self.buffer = torch.zeros(slots, rows, WINDOW_FRAMES, dtype=torch.int64, device=device)
+
+    def reset(self, slot: int) -> None:
+        self.buffer[slot].zero_()
+
+    def gather(self, slots: torch.Tensor) -> torch.Tensor:
+        """Windows of a batch: slots [B] → [B, C+1, 16]."""
+        return self.buffer.index_select(0, slots)
+
+    def push(self, slots: torch.Tensor, steps: torch.Tensor, frames: torch.Tensor) -> None:
+        """Record loop step ``steps`` [B] (0 = first frame after the prefill frame) of each slot."""
+        self.buffer[slots, :, steps % WINDOW_FRAMES] = frames.long()  # [B, C+1]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Upstream's ``y``: prompt followed by the generated frames."""
+
+    tokens: torch.Tensor  # [C+1, T+N] int32
+    prompt_len: int
+    stopped: bool  # ended by emitting <|im_end|>
+
+    @property
+    def frames(self) -> torch.Tensor:
+        """[C+1, N]: prefill frame through the last one (the history entry)."""
+        return self.tokens[:, self.prompt_len :]
+
+    @property
+    def codes(self) -> torch.Tensor:
+        """[C, N-1]: what upstream hands to the vocoder (drops the prefill frame)."""
+        return self.tokens[1:, self.prompt_len + 1 :]
+
+
+def generate(
+    model: DualARTransformer,
+    prompt: torch.Tensor,
+    im_end_id: int,
+    max_new_tokens: int = 0,
+    params: SamplingParams | None = None,
+    cache: KVCache | None = None,
+    slot: int = 0,
+    generator: torch.Generator | None = None,
+) -> GenerationResult:
+    """Generate frames for ``prompt`` [C+1, T] until ``<|im_end|>`` or ``max_new_tokens`` frames.
+
+    ``max_new_tokens`` <= 0 or past the cache means "up to the end of the cache" (upstream).
+    """
+    prompt_len = prompt.shape[1]
+    cache = model.allocate_cache(1) if cache is None else cache
+    if max_new_tokens <= 0 or prompt_len + max_new_tokens > cache.max_seq_len:
+        max_new_tokens = cache.max_seq_len - prompt_len
+    sampling = BatchSampling.from_params([params or SamplingParams()], model.device)
+    frame = prefill_frame(model, cache, prompt.to(model.device), slot, sampling, 0, generator)
+    generated = [frame]
+    slots = torch.tensor([slot], device=model.device)
+    windows = RepetitionWindows(cache.slots, prompt.shape[0], model.device)
+    stopped = False
+    for step in range(max_new_tokens - 1):
+        position = prompt_len + step
+        frame = decode_step(
+            model,
+            cache,
+            frame[None],
+            slots,
+            torch.tensor([position], device=model.device),
+            position + 1,
+            windows.gather(slots),
+            sampling,
+            generator,
+        )[0]
+        windows.push(slots, torch.tensor([step], device=model.device), frame[None])
+        generated.append(frame)
+        if int(frame[0]) == im_end_id:
+            stopped = True
+            break
+    tokens = torch.cat([prompt.to(torch.int32), torch.stack(generated, dim=1).cpu()], dim=1)
+    return GenerationResult(tokens, prompt_len, stopped)

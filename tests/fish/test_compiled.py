@@ -1,0 +1,140 @@
+"""Compiled decode steps: the slow step (int8 on the CPU) gives the eager step's results,
+written where eager writes them and nothing else in the cache touched; int8 graphs are cached
+across starts; the codebook pass pads a batch to its bucket."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from streamtts.fish.compiled import (
+    CompiledFastCodes,
+    batch_buckets,
+    compile_slow_step,
+    compiles_slow_step,
+    freezes_weights,
+)
+from streamtts.fish.load import load_fish_bundle
+from streamtts.models.fish.llm.generate import fast_codes, slow_step
+from streamtts.models.fish.llm.llama import DualARTransformer, KVCache, fuse_gate_up_
+from streamtts.models.fish.llm.quantize import quantize_int8_
+from streamtts.models.fish.llm.sampling import BatchSampling
+
+
+def int8_model() -> DualARTransformer:
+    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.bfloat16).llm.model
+    fuse_gate_up_(model)
+    quantize_int8_(model)
+    return model
+
+
+def filled_cache(model: DualARTransformer, slots: int) -> KVCache:
+    cache = model.allocate_cache(slots, 256)
+    gen = torch.Generator().manual_seed(3)
+    for tensor in (cache.k, cache.v):
+        tensor.copy_(torch.randn(tensor.shape, generator=gen).to(tensor.dtype))
+    return cache
+
+
+def test_compiled_slow_step_matches_eager_and_writes_only_its_positions() -> None:
+    model = int8_model()
+    assert compiles_slow_step(model)
+    with torch.inference_mode():
+        compiled, compile_s = compile_slow_step(model, model.allocate_cache(3, 256), max_batch=3)
+        assert sorted(compile_s) == ["slow_b1", "slow_b2"]
+        rows = model.config.num_codebooks + 1
+        # Batch 1 and a batch of 3 (the dynamic graph), at cached lengths not seen in warm-up.
+        for slots_list, positions_list in (([2], [100]), ([0, 2, 1], [70, 150, 9])):
+            slots = torch.tensor(slots_list)
+            positions = torch.tensor(positions_list)
+            tokens = torch.randint(0, 300, (len(slots_list), rows, 1), dtype=torch.int32)
+            kv_len = max(positions_list) + 1
+            eager_cache, compiled_cache = filled_cache(model, 3), filled_cache(model, 3)
+            before = eager_cache.k.clone()
+            want = slow_step(model, eager_cache, tokens, slots, positions, kv_len)
+            got = compiled(model, compiled_cache, tokens, slots, positions, kv_len)
+            for ours, theirs in ((got.logits, want.logits), (got.hidden, want.hidden)):
+                error = float((ours.float() - theirs.float()).norm() / theirs.float().norm())
+                assert error < 0.02, error  # bf16 roundings apart, no more
+            assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+            written = (eager_cache.k != before).any(dim=(0, 2, 4))  # [slots, max_seq]
+            assert written.nonzero().tolist() == sorted(
+                [s, p] for s, p in zip(slots_list, positions_list, strict=True)
+            )
+            for ours, theirs in (
+                (compiled_cache.k, eager_cache.k),
+                (compiled_cache.v, eager_cache.v),
+            ):
+                untouched = ~written[None, :, None, :, None].expand_as(ours)
+                assert torch.equal(ours[untouched], theirs[untouched])
+                torch.testing.assert_close(ours.float(), theirs.float(), atol=0.05, rtol=0.05)
+
+
+def test_packed_and_fp32_models_keep_the_eager_slow_step() -> None:
+    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.float32).llm.model
+    assert not compiles_slow_step(model)
+
+
+def test_int8_graphs_are_cached_across_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unfrozen int8 graphs land in AOTAutograd's on-disk cache; a later start (here: dynamo
+    reset) loads them instead of tracing them through AOTAutograd and inductor again."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = int8_model()
+    assert not freezes_weights(model)
+    aot = counters["aot_autograd"]
+    with torch.inference_mode():
+        torch._dynamo.reset()
+        saved_before, hits_before = aot["autograd_cache_saved"], aot["autograd_cache_hit"]
+        compile_slow_step(model, model.allocate_cache(2, 256), max_batch=1)
+        assert aot["autograd_cache_saved"] == saved_before + 1
+        torch._dynamo.reset()
+        compile_slow_step(model, model.allocate_cache(2, 256), max_batch=1)
+        assert aot["autograd_cache_hit"] == hits_before + 1
+    torch._dynamo.reset()
+
+
+def test_bf16_graphs_are_frozen() -> None:
+    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.bfloat16).llm.model
+    assert freezes_weights(model)
+
+
+def test_batch_buckets_are_powers_of_two_then_the_slots() -> None:
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(4) == [1, 2, 4]
+    assert batch_buckets(6) == [1, 2, 4, 6]
+    assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+def test_codebook_pass_pads_a_batch_to_its_bucket_and_returns_its_rows() -> None:
+    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.float32).llm.model
+    cache = model.allocate_cache(6, 64)
+    codes = CompiledFastCodes(max_batch=6, device=model.device)
+    seen_batches: list[int] = []
+
+    def eager_graph(*args: Any) -> torch.Tensor:  # stands in for a bucket's compiled graph
+        seen_batches.append(int(args[2].shape[0]))
+        return fast_codes(model, *args[1:])
+
+    codes._compiled = eager_graph
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(3, model.config.dim, generator=gen)
+    code0 = torch.tensor([3, 9, 27])
+    # top_p ~ 0 keeps only each row's best code: the draw is the same in any batch.
+    sampling = BatchSampling(
+        temperature=torch.full((3,), 0.7),
+        top_p=torch.full((3,), 1e-6),
+        repetition_penalty=torch.tensor([1.0, 1.2, 1.5]),
+    )
+    windows = torch.randint(0, 50, (3, model.config.num_codebooks + 1, 16), generator=gen)
+    with torch.inference_mode():
+        got = codes(model, cache, hidden, code0, sampling, windows)
+        want = fast_codes(model, cache, hidden, code0, sampling, windows)
+    assert seen_batches == [4]
+    assert got.shape == (3, model.config.num_codebooks - 1)
+    assert torch.equal(got, want)

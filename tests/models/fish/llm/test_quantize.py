@@ -1,0 +1,70 @@
+"""Int8 weight-only linear layers: exact arithmetic on the dequantized weights, bounded error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from streamtts.models.fish.llm.checkpoint import load_fish_llm
+from streamtts.models.fish.llm.quantize import (
+    INT8_MAX,
+    PROMPT_GEMM_MIN_TOKENS,
+    Int8Linear,
+    quantize_int8_,
+)
+from tests.fish_fixture import Index, expected
+
+
+def test_int8_linear_applies_its_dequantized_weight() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40, bias=False).to(torch.bfloat16)
+    q = Int8Linear.from_linear(linear, torch.bfloat16)
+    assert q.weight_q.dtype == torch.int8 and q.weight_q.shape == (40, 96)
+    # Round to nearest: every weight within half a step of its channel's scale (a hair more
+    # where the bf16-rounded scale makes the row's largest weight clamp at 127).
+    error = (linear.weight.float() - q.dequantized()).abs()
+    assert bool((error <= q.scales.float()[:, None] * 0.51).all())
+    assert int(q.weight_q.abs().max()) == INT8_MAX  # the largest weight of a row uses the range
+    x = torch.randn(3, 5, 96, dtype=torch.bfloat16)
+    want = (x.float() @ q.dequantized().T).to(torch.bfloat16)
+    got = q(x)
+    assert got.shape == (3, 5, 40)
+    torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
+
+
+def test_prompt_chunks_take_the_matrix_path_within_a_rounding_of_the_row_kernel() -> None:
+    torch.manual_seed(1)
+    q = Int8Linear.from_linear(nn.Linear(256, 512, bias=False).to(torch.bfloat16), torch.bfloat16)
+    tokens = PROMPT_GEMM_MIN_TOKENS + 24
+    x = torch.randn(1, tokens, 256, dtype=torch.bfloat16)  # [B, S, in]: a prompt chunk
+    got = q(x).float()
+    # What the row kernel computes for the same rows (one position per row: a decode batch).
+    rows = q(x.reshape(tokens, 1, 256)).reshape(1, tokens, 512).float()
+    exact = x.float() @ q.dequantized().T
+    assert got.shape == rows.shape == (1, tokens, 512)
+    assert not torch.equal(got, rows)  # really another kernel
+    # Both within bf16 rounding of the exact product; the two differ by a rounding at most.
+    step = exact.abs() * 2.0**-7 + 1e-3
+    assert bool(((got - exact).abs() <= step).all())
+    assert bool(((rows - exact).abs() <= step).all())
+    assert bool(((got - rows).abs() <= 2 * step).all())
+
+
+def test_quantized_fixture_model_stays_close_to_bf16(
+    fish_fixture_dir: Path, fish_index: Index
+) -> None:
+    llm = load_fish_llm(fish_fixture_dir, torch.bfloat16)
+    tokens = torch.from_numpy(expected(fish_fixture_dir, fish_index, "llm_input.npy"))
+    with torch.inference_mode():
+        want = llm.model.forward_slow_train(tokens).logits.float()
+        linears = sum(isinstance(m, nn.Linear) for m in llm.model.modules())
+        assert quantize_int8_(llm.model) == linears > 0
+        assert not any(isinstance(m, nn.Linear) for m in llm.model.modules())
+        got = llm.model.forward_slow_train(tokens).logits.float()
+    relative = float((got - want).norm() / want.norm())
+    assert relative < 0.05, relative
+    # The greedy choice at most positions is unchanged.
+    agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+    assert agree > 0.9, agree
