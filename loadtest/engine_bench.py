@@ -1,4 +1,4 @@
-"""Fish engine figures, in process (no HTTP): time to first audio, concurrency, overlap.
+"""Fish engine figures, in process (no HTTP): time to first audio and concurrency.
 
     python -m loadtest.engine_bench [--model synthetic:1.5] [--dtype auto] [--runs 10]
                                     [--streams 1 2 4] [--json out.json]
@@ -8,10 +8,8 @@
 2. Real-time factor at 1, 2, 4... concurrent streams, each speaking a two-sentence paragraph:
    per stream, wall seconds from submit to the last PCM divided by audio seconds (< 1 = faster
    than real time); the worst stream is reported.
-3. Overlap of generator and vocoder: wall time per frame for the generator alone (vocoder
-   hand-off discarded), the vocoder alone (the same frames, decoded in the same chunks), and
-   both together through the engine. On a GPU the two overlap on their own CUDA streams; on
-   the CPU the vocoder runs inline on the generator thread, so "both" is about the sum.
+(How the generator and the vocoder overlap is in ``streamtts bench``: ``overlap``.) Uses the
+engine's public API only.
 
 Runs on CPU or CUDA with the same code path (``--device``).
 """
@@ -24,20 +22,19 @@ import json
 import statistics
 import sys
 import time
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from streamtts.engine.base import SynthesisOptions
-from streamtts.fish.engine import FishEngine, FishSettings, FishStream, describe_dtype
-from streamtts.fish.jobs import ChunkSchedule, SegmentJob
+from streamtts.fish.engine import FishEngine
+from streamtts.fish.settings import FishSettings
 
 SENTENCE_60_CHARS = "The weather is lovely today, so let us walk down to the sea."
 PARAGRAPH = (
     "Streaming speech lets an assistant answer while it is still thinking. "
     "Each sentence is spoken as soon as it is ready."
 )
-FRAME_S = 2048 / 44100
 
 
 def log(message: str) -> None:
@@ -86,83 +83,6 @@ async def concurrency(engine: FishEngine, streams: int) -> dict[str, Any]:
     }
 
 
-def vocode_alone(
-    engine: FishEngine, segment_frames: list[torch.Tensor], schedule: ChunkSchedule
-) -> float:
-    """Seconds to decode the vocoded frames as one stream in the engine's chunk sizes."""
-    codes = torch.cat([f[1:, 1:] for f in segment_frames], dim=1)  # [C, N]
-    decoder = engine.decoder
-    state = decoder.new_state()
-    started_s = time.perf_counter()
-    with torch.inference_mode():
-        position = 0
-        while position < codes.shape[1]:
-            size = schedule.first_frames if position == 0 else schedule.later_frames
-            decoder.decode([state], [codes[:, position : position + size]])
-            position += size
-        if decoder.device.type == "cuda":
-            torch.cuda.synchronize()
-    return time.perf_counter() - started_s
-
-
-async def overlap(engine: FishEngine, frames: int) -> dict[str, float]:
-    """Wall ms per frame: generator alone, vocoder alone, both (the engine as it runs)."""
-    text = " ".join(["word"] * (frames // 9))
-    options = SynthesisOptions(max_frames_per_segment=frames + 1)
-
-    # Both threads, as served.
-    stream = engine.open_stream("default", options)
-    assert isinstance(stream, FishStream)
-    started_s = time.perf_counter()
-    produced = 0
-    async for pcm in stream.synthesize(text):
-        produced += pcm.size // 2048
-    both_s = time.perf_counter() - started_s
-    segment_frames = stream.slot.history[1::2]  # [C+1, n] per segment, prefill frame first
-    stream.close()
-
-    # Generator alone: the vocoder hand-off is swallowed.
-    generator = engine.generator
-    slot = generator.acquire()
-    assert slot is not None
-    done = asyncio.get_running_loop().create_future()
-
-    def on_codes(_: torch.Tensor, final: bool) -> None:
-        if final:
-            done.get_loop().call_soon_threadsafe(done.set_result, time.perf_counter())
-
-    def on_error(exc: BaseException) -> None:
-        done.get_loop().call_soon_threadsafe(done.set_exception, exc)
-
-    job = SegmentJob(
-        stream=slot,
-        text=text,
-        params=stream.params,
-        max_frames=frames + 1,
-        stop_on_im_end=False,
-        schedule=stream.schedule,
-        on_codes=on_codes,
-        on_error=on_error,
-    )
-    started_s = time.perf_counter()
-    generator.submit(job)
-    generator_s = await done - started_s
-    generator.release(slot)
-
-    # Vocoder alone: the same frames in the same chunks, on the generator thread (the one
-    # torch thread on a CPU; see streamtts.fish.devices).
-    work = generator.call(lambda: vocode_alone(engine, segment_frames, stream.schedule))
-    vocoder_s = cast(float, await asyncio.wrap_future(work))
-    n = sum(f.shape[1] - 1 for f in segment_frames)
-    return {
-        "frames": n,
-        "generator_alone_ms_per_frame": round(1000 * generator_s / n, 2),
-        "vocoder_alone_ms_per_frame": round(1000 * vocoder_s / n, 2),
-        "both_ms_per_frame": round(1000 * both_s / produced, 2),
-        "sum_of_alone_ms_per_frame": round(1000 * (generator_s + vocoder_s) / n, 2),
-    }
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = FishSettings(
         device=args.device, dtype=args.dtype, max_streams=max(args.streams), compile=args.compile
@@ -171,14 +91,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     log(f"loading {args.model} ...")
     started_s = time.perf_counter()
     await engine.start()
-    model = engine.generator.model
+    info = engine.describe()
     result: dict[str, Any] = {
         "model": args.model,
-        "device": str(model.device),
-        "dtype": describe_dtype(model),
+        "device": info["device"],
+        "dtype": info["dtype"],
         "load_and_warm_up_s": round(time.perf_counter() - started_s, 1),
         "torch_threads": torch.get_num_threads(),
-        "compile_s": {name: round(t, 1) for name, t in engine.generator.compile_s.items()},
+        "compile_s": {name: round(t, 1) for name, t in info["compile_s"].items()},
     }
     log(f"loaded in {result['load_and_warm_up_s']} s; TTFA x{args.runs}")
     ttfa = []
@@ -192,9 +112,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"  {n} concurrent stream(s) ...")
         result["concurrency"].append(await concurrency(engine, n))
         log(f"    {result['concurrency'][-1]}")
-    log(f"  overlap over {args.overlap_frames} frames ...")
-    result["overlap"] = await overlap(engine, args.overlap_frames)
-    log(f"    {result['overlap']}")
     await engine.stop()
     return result
 
@@ -208,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--overlap-frames", type=int, default=90)
     parser.add_argument(
         "--compile", action="store_true", help="compile the decode step (see docs/operations.md)"
     )

@@ -4,10 +4,10 @@
 #   device run: bash scripts/gpu_check.sh                 (all stages, timeout ~590 s)
 #               STAGES="bench loadtest" bash scripts/gpu_check.sh
 # Stages, each on synthetic:1.5 in bf16 on CUDA (generator and vocoder on their own streams):
-#   bench     streamtts bench --json: per-stage figures and the roofline, eager
+#   bench     streamtts bench --json: per-stage figures, the roofline and the generator/vocoder
+#             overlap, eager
 #   compiled  the same with --compile (CUDA graphs per batch bucket: reduce-overhead)
-#   engine    loadtest.engine_bench: TTFA (median of 10), real-time factor at 1..48 streams,
-#             generator/vocoder overlap
+#   engine    loadtest.engine_bench: TTFA (median of 10), real-time factor at 1..48 streams
 #   loadtest  python -m loadtest --spawn: 1..48 WebSocket clients at LLM token cadence with a
 #             playback clock (TTFA p50/p95/p99, underruns); draw the chart here from the JSON:
 #             python -c 'import json; from loadtest.__main__ import chart;
@@ -32,7 +32,7 @@ run_stage() {  # name, timeout_s, command...
 run_stage bench 120 sh -c "python3 -m streamtts bench --device cuda --dtype bf16 --json \
     > '$out/bench.json'"
 run_stage engine 200 python3 -m loadtest.engine_bench --model synthetic:1.5 --device cuda \
-    --dtype bf16 --runs 10 --streams 1 8 16 32 48 --overlap-frames 180 \
+    --dtype bf16 --runs 10 --streams 1 8 16 32 48 \
     --json "$out/engine_bench.json"
 run_stage loadtest 180 env STREAMTTS_DEVICE=cuda STREAMTTS_DTYPE=bf16 STREAMTTS_MAX_STREAMS=48 \
     python3 -m loadtest --spawn --model synthetic:1.5 --levels 1 8 16 32 48 --utterances 1 \

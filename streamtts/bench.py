@@ -2,7 +2,9 @@
 
 Stages: prefill (64 and 256 tokens), the slow transformer step and the fast (codebook)
 transformer at batch 1/4/16, the vocoder's real-time factor, and end to end through the engine:
-frames per second at batch 1 and time to first audio. The roofline: the bytes of weights a
+frames per second at batch 1, time to first audio, and how far generator and vocoder overlap.
+The stages run on the engine's model thread through :meth:`FishEngine.profile`; end to end
+uses the engine's public API. The roofline: the bytes of weights a
 decode step must read (slow layers and head once, fast layers once per codebook position)
 divided by this machine's measured memory bandwidth, against the measured step time.
 """
@@ -16,27 +18,25 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from streamtts.engine.base import SynthesisOptions
 from streamtts.fish.devices import choose_device
-from streamtts.fish.engine import FishEngine, FishSettings, describe_dtype
+from streamtts.fish.engine import FishEngine, ModelPasses
+from streamtts.fish.settings import FishSettings
+from streamtts.models.fish.codec.incremental import IncrementalDecoder
 from streamtts.models.fish.llm.generate import (
-    FastCodes,
     RepetitionWindows,
-    SlowStep,
     decode_step,
-    fast_codes,
+    frame_noise,
     sample_frame,
-    slow_step,
 )
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
 from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
 from streamtts.models.fish.packed import PackedLinear
 
-FRAMES_PER_S_REALTIME = 44_100 / 2048
 SENTENCE_60_CHARS = "The weather is lovely today, so let us walk down to the sea."
 BANDWIDTH_BYTES = 1 << 30
 KV_POSITION = 256  # decode steps are timed with this many cached positions
@@ -99,18 +99,13 @@ def weight_bytes_per_step(model: DualARTransformer) -> dict[str, int]:
 
 
 class StageBench:
-    def __init__(
-        self,
-        model: DualARTransformer,
-        options: BenchOptions,
-        fast: FastCodes = fast_codes,
-        slow: SlowStep = slow_step,
-    ) -> None:
+    def __init__(self, passes: ModelPasses, options: BenchOptions) -> None:
+        model = passes.model
         self.model = model
         self.options = options
         # The engine's two transformer passes (compiled with --compile where it compiles them).
-        self.fast = fast
-        self.slow = slow
+        self.fast = passes.fast
+        self.slow = passes.slow
         self.device = model.device
         slots = max(options.batches)
         self.cache: KVCache = model.allocate_cache(slots, min(1024, model.config.max_seq_len))
@@ -156,18 +151,19 @@ class StageBench:
         logits = logits.to(self.model.dtype)
         sampling = BatchSampling.from_params([SamplingParams()] * batch, self.device)
         windows = self.windows.gather(torch.arange(batch, device=self.device))
-        return median_ms(
-            lambda: sample_frame(
-                self.model, self.cache, logits, hidden, sampling, windows, fast=self.fast
-            ),
-            self.options.repeats,
-            self.device,
-        )
+
+        def frame() -> torch.Tensor:
+            noise = frame_noise(self.model, batch)  # drawn per frame, as a decode step does
+            return sample_frame(
+                self.model, self.cache, logits, hidden, sampling, windows, noise, self.fast
+            )
+
+        return median_ms(frame, self.options.repeats, self.device)
 
     def step_ms(self, batch: int) -> float:
         frames, slots, positions = self._batch(batch)
         sampling = BatchSampling.from_params([SamplingParams()] * batch, self.device)
-        windows = self.windows.gather(slots)
+        steps = torch.zeros(batch, dtype=torch.long, device=self.device)
         return median_ms(
             lambda: decode_step(
                 self.model,
@@ -176,7 +172,8 @@ class StageBench:
                 slots,
                 positions,
                 KV_POSITION + 1,
-                windows,
+                self.windows,
+                steps,
                 sampling,
                 fast=self.fast,
                 slow=self.slow,
@@ -186,8 +183,7 @@ class StageBench:
         )
 
 
-def vocoder_rtf(engine: FishEngine, chunk_frames: int = 8, chunks: int = 4) -> float:
-    decoder = engine.decoder
+def vocoder_rtf(decoder: IncrementalDecoder, chunk_frames: int = 8, chunks: int = 4) -> float:
     codes = torch.randint(0, 1000, (decoder.n_codebooks, chunk_frames * chunks))
     state = decoder.new_state()
     decoder.decode([state], [codes[:, :chunk_frames]])  # warm-up
@@ -217,7 +213,7 @@ async def end_to_end(engine: FishEngine, repeats: int) -> dict[str, float]:
             ttfa.append(1000.0 * (time.perf_counter() - started_s))
             break
         stream.close()
-    frames = samples / engine.decoder.samples_per_frame
+    frames = samples / engine.sample_rate / engine.describe()["frame_s"]
     return {"frames_per_s": frames / wall_s, "ttfa_ms_p50": statistics.median(ttfa)}
 
 
@@ -225,9 +221,10 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_stages(
-    engine: FishEngine, stages: StageBench, options: BenchOptions, device: torch.device
-) -> dict[str, float]:
+def measure_stages(passes: ModelPasses, options: BenchOptions) -> dict[str, float]:
+    """Every stage, on the model's thread (see :meth:`FishEngine.profile`)."""
+    device = passes.model.device
+    stages = StageBench(passes, options)
     result: dict[str, float] = {}
     with torch.inference_mode():
         for tokens in (64, 256):
@@ -243,7 +240,7 @@ def measure_stages(
         progress(f"  batch 1 slow step at {LONG_KV_POSITION} cached positions ...")
         result["slow_step_ms_b1_long_context"] = round(stages.long_context_slow_step_ms(), 1)
         progress("  vocoder ...")
-        result["vocoder_rtf"] = round(vocoder_rtf(engine), 3)
+        result["vocoder_rtf"] = round(vocoder_rtf(passes.decoder), 3)
         progress("  memory bandwidth ...")
         result["memory_bandwidth_gb_s"] = memory_bandwidth_gb_s(device)
     return result
@@ -259,37 +256,35 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
     started_s = time.perf_counter()
     await engine.start()
     load_s = time.perf_counter() - started_s
-    model = engine.generator.model
+    info = engine.describe()
     result: dict[str, Any] = {
         "model": options.model,
-        "dtype": describe_dtype(model),
+        "dtype": info["dtype"],
         "device": str(device),
         "torch_threads": torch.get_num_threads(),
         "load_s": round(load_s, 1),
-        "compile_s": round(sum(engine.generator.compile_s.values()), 1),
+        "compile_s": round(sum(info["compile_s"].values()), 1),
     }
-    # Stage timings run on the generator thread, where all model work runs: a second torch
-    # thread would slow every kernel on the CPU (see streamtts.fish.devices).
-    work = engine.generator.call(
-        lambda: measure_stages(
-            engine,
-            StageBench(model, options, engine.generator.fast_codes, engine.generator.slow_step),
-            options,
-            device,
-        )
-    )
-    stage_figures = cast(dict[str, float], await asyncio.wrap_future(work))
+    stage_figures = await engine.profile(lambda passes: measure_stages(passes, options))
+    weights = await engine.profile(lambda passes: weight_bytes_per_step(passes.model))
     bandwidth = stage_figures.pop("memory_bandwidth_gb_s")
     result.update(stage_figures)
     progress("  end to end ...")
     e2e = await end_to_end(engine, options.repeats)
     await engine.stop()
-    weights = weight_bytes_per_step(model)
     roofline_ms = weights["total"] / (bandwidth * 1e9) * 1000
+    # Generator and vocoder per frame alone (the batch-1 step; the vocoder in 8-frame chunks)
+    # against both through the engine: on a GPU they overlap on their own CUDA streams (the
+    # ratio nears 2 when they cost the same), on the CPU the vocoder runs inline (about 1).
+    vocoder_ms = result["vocoder_rtf"] * info["frame_s"] * 1000
+    both_ms = 1000 / e2e["frames_per_s"]
     result.update(
         {
+            "vocoder_ms_per_frame": round(vocoder_ms, 2),
+            "engine_ms_per_frame": round(both_ms, 2),
+            "overlap": round((result["step_ms_b1"] + vocoder_ms) / both_ms, 3),
             "frames_per_s": round(e2e["frames_per_s"], 1),
-            "realtime_factor_b1": round(FRAMES_PER_S_REALTIME / e2e["frames_per_s"], 3),
+            "realtime_factor_b1": round(1 / (info["frame_s"] * e2e["frames_per_s"]), 3),
             "ttfa_ms_p50": round(e2e["ttfa_ms_p50"], 1),
             "memory_bandwidth_gb_s": round(bandwidth, 1),
             "weight_bytes_per_step": weights["total"],

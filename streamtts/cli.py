@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 from streamtts.config import Settings, SettingsError
+from streamtts.engine.base import InvalidOptionError, UnknownVoiceError
 from streamtts.engine.factory import ModelSpecError
+from streamtts.options import OptionError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result: int = args.run(args)
-    except (SettingsError, ModelSpecError) as exc:
+    except (
+        SettingsError,
+        ModelSpecError,
+        OptionError,
+        InvalidOptionError,
+        UnknownVoiceError,
+    ) as exc:
         parser.error(str(exc))
     return result
 
@@ -95,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         # Frames up to 4x the limit get an `message_too_big` error and the socket stays
         # usable; beyond that the server closes with 1009 without reading them.
-        ws_max_size=settings.max_ws_message_bytes * 4,
+        ws_max_size=settings.limits.max_ws_message_bytes * 4,
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,
         # Our own drain (GracefulServer) has already ended every context by the time uvicorn

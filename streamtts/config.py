@@ -1,22 +1,30 @@
-"""Server settings: one frozen dataclass, read from ``STREAMTTS_*`` environment variables and
-CLI flags (flags win). Every limit has a documented default and outcome; see
-docs/operations.md."""
+"""Server settings: nested frozen dataclasses, validated on construction, read from flat
+``STREAMTTS_<NAME>`` environment variables and CLI flags (flags win).
+
+Every setting is defined once, in the section that owns it: :class:`Limits`, the segmenter's
+:class:`SegmenterOptions`, the runtimes' :class:`FishSettings` and :class:`PiperSettings`, and
+the server's own fields here. The environment names stay flat (``STREAMTTS_MAX_STREAMS``, not
+``STREAMTTS_FISH_MAX_STREAMS``): leaf names are unique across sections. Every default and
+outcome is documented in docs/operations.md.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from streamtts.bounds import SettingsError, require_bounds
+from streamtts.fish.settings import FishSettings
+from streamtts.limits import Limits
+from streamtts.piper.settings import PiperSettings
 from streamtts.segmenter import SegmenterOptions
 
 ENV_PREFIX = "STREAMTTS_"
 
-
-class SettingsError(ValueError):
-    """An environment variable or flag has a value of the wrong type or out of range."""
+__all__ = ["ENV_PREFIX", "Settings", "SettingsError", "leaves"]
 
 
 @dataclass(frozen=True)
@@ -27,46 +35,11 @@ class Settings:
     # directory, or "synthetic:tiny" / "synthetic:1.5".
     model: str = "piper"
     log_level: str = "info"
-    # Engine worker threads for CPU voices (Piper runs one synthesis per thread).
-    engine_threads: int = 2
-
-    # Fish-Speech engine. device/dtype "auto": CUDA if present; bf16 where the hardware has it.
-    device: str = "auto"
-    dtype: str = "auto"
-    max_streams: int = 8  # KV-cache slots = concurrent Fish streams
-    context_tokens: int = 4096  # per-stream KV length; the iterative prompt's budget
-    first_chunk_frames: int = 4  # frames before the first audio of a segment (46.4 ms each)
-    chunk_frames: int = 8  # frames per later vocoder chunk
-    prefill_chunk_tokens: int = 128  # prompt tokens prefilled per step between decode steps
-    max_frames_per_segment: int = 1024
-    max_lead_s: float = 6.0  # streams this far ahead of real time yield compute to others
-    cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
-    compile: bool = False  # torch.compile the Fish decode step at start (docs/operations.md)
-
-    # Text segmentation (see streamtts.segmenter).
-    first_segment_min_chars: int = 20
-    max_segment_chars: int = 250
-    max_buffer_delay_ms: int = 1500
-
-    # Limits. Exceeding one yields a documented error; see docs/protocol.md.
-    max_ws_message_bytes: int = 1 << 20
-    max_text_per_message_chars: int = 10_000
-    max_text_per_context_chars: int = 100_000
-    max_contexts_per_socket: int = 16
-    max_http_input_chars: int = 4096
-    idle_timeout_s: float = 300.0
-    # Admission control: contexts (WebSocket) plus speech requests (HTTP) in flight at once,
-    # server-wide. Beyond it: `overloaded` / close 1013 / HTTP 429 with Retry-After.
-    max_active_contexts: int = 64
-    # Audio queued for one context that the socket has not taken yet (a slow reader); beyond
-    # it the context ends with `slow_consumer`.
-    max_output_buffer_ms: float = 20_000.0
     # Graceful shutdown (SIGTERM): in-flight contexts get this long to finish, then end with
     # `done` reason `shutdown`.
     shutdown_grace_s: float = 10.0
     # How often the watchdog checks the engine's worker threads.
     watchdog_interval_s: float = 0.5
-
     # Auth. Keys: comma-separated, and/or a file with one key per line. With no key the
     # server is open (fine on loopback; a non-loopback bind logs a loud warning).
     api_keys: str = field(default="", repr=False)  # never in a repr, so never in a log
@@ -76,51 +49,67 @@ class Settings:
     # non-browser client) is allowed.
     allowed_origins: str = ""
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Defaults, then ``STREAMTTS_<FIELD>`` variables, then non-None ``overrides``."""
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = _parse(f.name, raw, type(getattr(cls(), f.name)))
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        unknown = set(values) - {f.name for f in fields(cls)}
-        if unknown:
-            raise SettingsError(f"unknown settings: {sorted(unknown)}")
-        settings = cls(**values)
-        settings.validate()
-        return settings
+    limits: Limits = field(default_factory=Limits)
+    segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)
+    fish: FishSettings = field(default_factory=FishSettings)
+    piper: PiperSettings = field(default_factory=PiperSettings)
 
-    def validate(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-                raise SettingsError(f"{f.name} must be >= 0, got {value}")
+    def __post_init__(self) -> None:
+        require_bounds(self)
         if not 0 < self.port < 65536:
             raise SettingsError(f"port must be 1..65535, got {self.port}")
-        for name in (
-            "engine_threads",
-            "max_streams",
-            "first_chunk_frames",
-            "chunk_frames",
-            "max_active_contexts",
-        ):
-            if getattr(self, name) < 1:
-                raise SettingsError(f"{name} must be >= 1")
         if self.watchdog_interval_s <= 0:
             raise SettingsError("watchdog_interval_s must be > 0")
 
-    def segmenter_options(self) -> SegmenterOptions:
-        return SegmenterOptions(
-            first_segment_min_chars=self.first_segment_min_chars,
-            max_segment_chars=self.max_segment_chars,
-            max_buffer_delay_ms=self.max_buffer_delay_ms,
-        )
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Defaults, then ``STREAMTTS_<NAME>`` variables, then non-None ``overrides`` (by leaf
+        name, as the variables)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, default in leaves(cls()):
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None:
+                values[name] = _parse(name, raw, type(default))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls().replace(**values)
 
     def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
+        """A copy with leaf settings changed by name (``max_streams=2``, ``port=9000``)."""
+        known = {name for name, _ in leaves(self)}
+        unknown = set(changes) - known
+        if unknown:
+            raise SettingsError(f"unknown settings: {sorted(unknown)}")
+        try:
+            replaced: Settings = _replaceleaves(self, changes)
+            return replaced
+        except SettingsError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(str(exc)) from exc
+
+
+def leaves(settings: Any) -> Iterator[tuple[str, Any]]:
+    """(name, value) of every leaf setting, sections flattened."""
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if is_dataclass(value):
+            yield from leaves(value)
+        else:
+            yield f.name, value
+
+
+def _replaceleaves(settings: Any, changes: Mapping[str, Any]) -> Any:
+    own: dict[str, Any] = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if is_dataclass(value):
+            section = _replaceleaves(value, changes)
+            if section is not value:
+                own[f.name] = section
+        elif f.name in changes:
+            own[f.name] = changes[f.name]
+    return dataclasses.replace(settings, **own) if own else settings
 
 
 def _parse(name: str, raw: str, kind: type) -> Any:

@@ -9,8 +9,8 @@ import numpy as np
 
 from streamtts.audio import encode_samples
 from streamtts.config import Settings
-from streamtts.engine.base import SynthesisOptions
 from streamtts.engine.factory import create_engine
+from streamtts.options import parse_options
 from streamtts.segmenter import segment_text
 
 
@@ -18,12 +18,13 @@ async def synthesize_to_wav(
     settings: Settings, text: str, output: Path, voice: str | None = None, speed: float = 1.0
 ) -> float:
     """Speak ``text`` into a 16-bit mono WAV at the engine's rate; returns seconds of audio."""
+    options = parse_options({"speed": speed})  # OptionError (a ValueError) when out of range
     engine = create_engine(settings)
     await engine.start()
     try:
-        stream = engine.open_stream(voice or engine.default_voice, SynthesisOptions(speed=speed))
+        stream = engine.open_stream(voice or engine.default_voice, options)
         pieces: list[np.ndarray] = []
-        for segment in segment_text(text, settings.segmenter_options()):
+        for segment in segment_text(text, settings.segmenter):
             async for pcm in stream.synthesize(segment):
                 pieces.append(pcm)
         stream.close()

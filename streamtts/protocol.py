@@ -6,13 +6,14 @@ No I/O here. Every way a client message can be wrong maps to one documented erro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import orjson
 
 from streamtts.audio import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ, SUPPORTED_ENCODINGS
+from streamtts.options import OptionError, SynthesisOptions, parse_options
 
 MAX_CONTEXT_ID_BYTES = 255  # the binary audio frame prefix stores the id length in one byte
 DEFAULT_ENCODING = "pcm_s16le"
@@ -67,7 +68,7 @@ class StartMessage:
     context: str
     voice: str | None = None
     format: AudioFormat = AudioFormat()
-    options: dict[str, Any] = field(default_factory=dict)
+    options: SynthesisOptions = SynthesisOptions()
 
 
 @dataclass(frozen=True)
@@ -92,20 +93,6 @@ class CancelMessage:
 
 
 ClientMessage = StartMessage | TextMessage | FlushMessage | EndMessage | CancelMessage
-
-# Options a client may set in ``start.options``, with their allowed ranges.
-_FLOAT_OPTIONS: dict[str, tuple[float, float]] = {
-    "speed": (0.25, 4.0),
-    "temperature": (0.0, 2.0),
-    "top_p": (0.0, 1.0),
-    "repetition_penalty": (0.5, 2.0),
-}
-_INT_OPTIONS: dict[str, tuple[int, int]] = {
-    "seed": (0, 2**63 - 1),
-    "first_chunk_frames": (1, 256),
-    "chunk_frames": (1, 256),
-    "max_frames_per_segment": (1, 8192),
-}
 
 
 def parse_client_message(raw: str | bytes, max_text_chars: int) -> ClientMessage:
@@ -199,36 +186,16 @@ def _parse_format(raw: Any, context: str) -> AudioFormat:
     return AudioFormat(encoding, rate)
 
 
-def _parse_options(raw: Any, context: str) -> dict[str, Any]:
+def _parse_options(raw: Any, context: str) -> SynthesisOptions:
+    """``start.options``, validated by the option table (streamtts.options)."""
     if raw is None:
-        return {}
+        return SynthesisOptions()
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.INVALID_FIELD, "'options' must be an object", context)
-    options: dict[str, Any] = {}
-    for name, value in raw.items():
-        if name in _FLOAT_OPTIONS:
-            low, high = _FLOAT_OPTIONS[name]
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if not ok or not low <= value <= high:
-                raise ProtocolError(
-                    ErrorCode.INVALID_FIELD,
-                    f"option {name!r} must be a number in {low}..{high}",
-                    context,
-                )
-            options[name] = float(value)
-        elif name in _INT_OPTIONS:
-            low_i, high_i = _INT_OPTIONS[name]
-            ok = isinstance(value, int) and not isinstance(value, bool)
-            if not ok or not low_i <= value <= high_i:
-                raise ProtocolError(
-                    ErrorCode.INVALID_FIELD,
-                    f"option {name!r} must be an integer in {low_i}..{high_i}",
-                    context,
-                )
-            options[name] = value
-        else:
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"unknown option {name!r}", context)
-    return options
+    try:
+        return parse_options(raw)
+    except OptionError as exc:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, exc.message, context) from None
 
 
 # ---- server -> client -----------------------------------------------------------------------

@@ -17,6 +17,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
 
+from streamtts.limits import Limits
+from streamtts.options import SynthesisOptions
 from streamtts.protocol import (
     AudioFormat,
     CancelMessage,
@@ -32,12 +34,6 @@ from streamtts.protocol import (
 from streamtts.segmenter import SegmenterOptions, TextSegmenter
 
 DEFAULT_VOICE_ALIAS = "default"
-
-
-@dataclass(frozen=True)
-class SessionLimits:
-    max_contexts: int = 16
-    max_text_per_context_chars: int = 100_000
 
 
 # ---- effects -------------------------------------------------------------------------------
@@ -59,7 +55,7 @@ class OpenContext:
     context: str
     voice: str
     format: AudioFormat
-    options: dict[str, object]
+    options: SynthesisOptions
 
 
 @dataclass(frozen=True)
@@ -112,7 +108,7 @@ class Session:
     voices: frozenset[str]
     default_voice: str
     segmenter_options: SegmenterOptions
-    limits: SessionLimits = field(default_factory=SessionLimits)
+    limits: Limits = field(default_factory=Limits)
     _contexts: dict[str, _Context] = field(default_factory=dict)
 
     @property
@@ -193,10 +189,10 @@ class Session:
                 f"context {message.context!r} is already open",
                 message.context,
             )
-        if len(self._contexts) >= self.limits.max_contexts:
+        if len(self._contexts) >= self.limits.max_contexts_per_socket:
             raise ProtocolError(
                 ErrorCode.TOO_MANY_CONTEXTS,
-                f"at most {self.limits.max_contexts} contexts may be open on one socket",
+                f"at most {self.limits.max_contexts_per_socket} contexts may be open on one socket",
                 message.context,
             )
         voice = message.voice or DEFAULT_VOICE_ALIAS
@@ -211,7 +207,7 @@ class Session:
         self._contexts[message.context] = _Context(
             message.context, TextSegmenter(self.segmenter_options)
         )
-        return [OpenContext(message.context, voice, message.format, dict(message.options))]
+        return [OpenContext(message.context, voice, message.format, message.options)]
 
     def _text(self, ctx: _Context, text: str, now_ms: float) -> list[Effect]:
         if ctx.text_chars + len(text) > self.limits.max_text_per_context_chars:

@@ -57,6 +57,11 @@ def test_say_with_the_synthetic_fish_model(tmp_path: Path) -> None:
     [
         (["say", "x", "-o", "/tmp/x.wav", "--model", "nonsense"], "unknown model"),
         (["serve", "--port", "99999"], "port must be"),
+        (["say", "x", "-o", "/tmp/x.wav", "--speed", "9"], "must satisfy 0.25 ≤ speed ≤ 4"),
+        (
+            ["say", "x", "-o", "/tmp/x.wav", "--speed", "2", "--model", "synthetic:tiny"],
+            "'speed' is not supported by the fish engine",
+        ),
     ],
 )
 def test_bad_arguments_fail_clearly(args: list[str], message: str) -> None:
@@ -77,11 +82,12 @@ def test_bench_reports_every_stage_as_json() -> None:
         "model", "dtype", "device", "frames_per_s", "ttfa_ms_p50", "vocoder_rtf",
         "roofline_fraction", "peak_rss_mb", "prefill_64_ms", "prefill_256_ms",
         "slow_step_ms_b1", "fast_ms_b16", "memory_bandwidth_gb_s",
-        "slow_step_ms_b1_long_context",
+        "slow_step_ms_b1_long_context", "vocoder_ms_per_frame", "engine_ms_per_frame", "overlap",
     ):  # fmt: skip
         assert key in figures, key
     assert figures["model"] == "synthetic:tiny" and figures["dtype"] == "float32"
     assert figures["frames_per_s"] > 0 and figures["roofline_fraction"] > 0
+    assert figures["overlap"] > 0
     assert "prefill 64 tokens" in result.stderr  # progress while it runs
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamtts.options import SynthesisOptions
 from streamtts.protocol import (
     AudioFormat,
     CancelMessage,
@@ -24,6 +25,7 @@ from streamtts.protocol import (
     parse_client_message,
     split_audio_frame,
 )
+from tests.strategies import JSON_VALUES, near_native_messages
 
 LIMIT = 100
 
@@ -40,7 +42,7 @@ def error_code(raw: str | bytes) -> ErrorCode:
 
 def test_start_with_defaults() -> None:
     msg = parse({"type": "start", "context": "c1"})
-    assert msg == StartMessage("c1", None, AudioFormat("pcm_s16le", 24000), {})
+    assert msg == StartMessage("c1", None, AudioFormat("pcm_s16le", 24000), SynthesisOptions())
 
 
 def test_start_with_format_voice_and_options() -> None:
@@ -50,10 +52,12 @@ def test_start_with_format_voice_and_options() -> None:
             "context": "c1",
             "voice": "v",
             "format": {"encoding": "mulaw", "sample_rate": 8000},
-            "options": {"speed": 1.5, "seed": 7},
+            "options": {"speed": 1.5, "seed": 7, "temperature": 0.7},
         }
     )
-    assert msg == StartMessage("c1", "v", AudioFormat("mulaw", 8000), {"speed": 1.5, "seed": 7})
+    # A value equal to its option's default (temperature 0.7) asks for nothing: unset.
+    options = SynthesisOptions(speed=1.5, seed=7)
+    assert msg == StartMessage("c1", "v", AudioFormat("mulaw", 8000), options)
 
 
 @pytest.mark.parametrize(
@@ -157,46 +161,7 @@ DOCUMENTED_CODES = {
     for code in ErrorCode
     if f"`{code.value}`" in (Path(__file__).parents[1] / "docs" / "protocol.md").read_text()
 }
-JSON_SCALARS = (
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
-)
-JSON_VALUES = st.recursive(
-    JSON_SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
-FIELD_NAMES = st.sampled_from(
-    ["type", "context", "text", "voice", "format", "options", "encoding", "sample_rate", "speed"]
-)
-TYPES = st.sampled_from(["start", "text", "flush", "end", "cancel", "dance", "", "START"])
-# Messages that look almost right: the known fields with random values, often of the wrong type.
-NEAR_MESSAGES = st.fixed_dictionaries(
-    {"type": TYPES | JSON_VALUES},
-    optional={
-        "context": st.text(max_size=300) | JSON_VALUES,
-        "text": st.text(max_size=150) | JSON_VALUES,
-        "voice": st.text(max_size=10) | JSON_VALUES,
-        "format": st.fixed_dictionaries(
-            {},
-            optional={
-                "encoding": st.sampled_from(["pcm_s16le", "mulaw", "opus"]) | JSON_VALUES,
-                "sample_rate": st.integers(-10, 100_000) | JSON_VALUES,
-            },
-        )
-        | JSON_VALUES,
-        "options": st.dictionaries(FIELD_NAMES | st.text(max_size=8), JSON_VALUES, max_size=3)
-        | st.fixed_dictionaries(
-            {},
-            optional={
-                "speed": st.floats(allow_nan=True) | JSON_VALUES,
-                "seed": st.integers() | JSON_VALUES,
-                "chunk_frames": st.integers(-5, 300),
-            },
-        ),
-    },
-)
+NEAR_MESSAGES = near_native_messages(st.text(max_size=300), st.text(max_size=10))
 
 
 def assert_parses_or_documented_error(raw: str | bytes) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamtts.limits import Limits
+from streamtts.options import SynthesisOptions
 from streamtts.protocol import (
     AudioFormat,
     CancelMessage,
@@ -24,7 +26,6 @@ from streamtts.session import (
     QueueSegment,
     Send,
     Session,
-    SessionLimits,
 )
 
 NOW = 1000.0
@@ -35,7 +36,7 @@ def make_session(max_contexts: int = 4, max_chars: int = 1000) -> Session:
         voices=frozenset({"v1", "v2"}),
         default_voice="v1",
         segmenter_options=SegmenterOptions(max_buffer_delay_ms=500),
-        limits=SessionLimits(max_contexts=max_contexts, max_text_per_context_chars=max_chars),
+        limits=Limits(max_contexts_per_socket=max_contexts, max_text_per_context_chars=max_chars),
     )
 
 
@@ -50,17 +51,18 @@ def error_codes(effects: list[Effect]) -> list[str]:
 def test_start_opens_a_context_with_the_default_voice() -> None:
     session = make_session()
     effects = session.handle(StartMessage("c"), NOW)
-    assert effects == [OpenContext("c", "v1", AudioFormat(), {})]
+    assert effects == [OpenContext("c", "v1", AudioFormat(), SynthesisOptions())]
     assert session.active_contexts == 1
 
 
 def test_start_with_alias_and_explicit_voice() -> None:
     session = make_session()
     assert session.handle(StartMessage("a", "default"), NOW) == [
-        OpenContext("a", "v1", AudioFormat(), {})
+        OpenContext("a", "v1", AudioFormat(), SynthesisOptions())
     ]
-    assert session.handle(StartMessage("b", "v2", options={"speed": 1.2}), NOW) == [
-        OpenContext("b", "v2", AudioFormat(), {"speed": 1.2})
+    options = SynthesisOptions(speed=1.2)
+    assert session.handle(StartMessage("b", "v2", options=options), NOW) == [
+        OpenContext("b", "v2", AudioFormat(), options)
     ]
 
 
@@ -96,7 +98,9 @@ def test_cancel_removes_the_context_at_once_and_frees_the_id() -> None:
     session.handle(TextMessage("c", "Some text"), NOW)
     assert session.handle(CancelMessage("c"), NOW) == [CancelContext("c")]
     assert session.active_contexts == 0
-    assert session.handle(StartMessage("c"), NOW) == [OpenContext("c", "v1", AudioFormat(), {})]
+    assert session.handle(StartMessage("c"), NOW) == [
+        OpenContext("c", "v1", AudioFormat(), SynthesisOptions())
+    ]
 
 
 def test_cancel_is_accepted_while_ending() -> None:

@@ -1,13 +1,18 @@
-"""The engine contract: how the server asks a model for speech.
+"""The engine contract: what the server may ask of any engine, and nothing more.
 
 An engine turns text segments into float32 mono PCM at its native ``sample_rate``. The server
 opens one :class:`EngineStream` per context (utterance stream) and feeds it segments in order;
 an engine may keep state across the segments of one stream (Fish-Speech keeps the iterative
 prompt history there so the voice stays consistent).
 
-Threading rule: every method here is called from the event loop and must return quickly.
-Model work happens on the engine's own worker threads; audio comes back through the async
-iterator returned by :meth:`EngineStream.synthesize`.
+Threading rule: every method here is called from the event loop and must return quickly, and
+none may run torch (no tensor is made on the loop thread: on CUDA it would run on the loop
+thread's stream, unordered with the workers'). Model work happens on the engine's own worker
+threads; audio comes back through the async iterator returned by
+:meth:`EngineStream.synthesize`.
+
+Errors are typed (:class:`EngineError` and its subclasses); the server maps each type to its
+wire codes in one place (``streamtts.server.errors``).
 """
 
 from __future__ import annotations
@@ -15,42 +20,58 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
+from streamtts.options import OptionError, SynthesisOptions, refuse_unhonoured
+
 PcmF32 = npt.NDArray[np.float32]
+
+__all__ = [
+    "Capacity",
+    "Engine",
+    "EngineError",
+    "EngineNotReadyError",
+    "EngineStream",
+    "InvalidOptionError",
+    "OverloadedError",
+    "PcmF32",
+    "StreamStats",
+    "SynthesisError",
+    "SynthesisOptions",
+    "UnknownVoiceError",
+    "VoiceInfo",
+]
 
 
 class EngineError(Exception):
-    """A failure of one segment's synthesis; only the context that asked for it is affected."""
-
-    code = "internal"
+    """A refusal or failure of one stream; only the context that asked for it is affected."""
 
 
 class UnknownVoiceError(EngineError):
-    code = "unknown_voice"
+    pass
 
 
 class OverloadedError(EngineError):
     """The engine has no free capacity (e.g. no KV slot) for a new stream."""
 
-    code = "overloaded"
+
+class InvalidOptionError(EngineError):
+    """An option this engine cannot honour, or an invalid value; ``option`` names it."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
 
 
-@dataclass(frozen=True)
-class SynthesisOptions:
-    """Per-stream knobs. ``None`` means the engine's default."""
+class EngineNotReadyError(EngineError):
+    """The engine is not started, or has failed (its workers died)."""
 
-    speed: float = 1.0
-    temperature: float | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    # Frames (Fish) before the first audio chunk is vocoded, then the size of later chunks.
-    first_chunk_frames: int | None = None
-    chunk_frames: int | None = None
-    max_frames_per_segment: int | None = None
+
+class SynthesisError(EngineError):
+    """A segment's synthesis failed inside the engine."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +81,15 @@ class VoiceInfo:
     language: str
     engine: str
     description: str = ""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Concurrent streams the engine can hold (``None``: no fixed number) and how many more it
+    can take now."""
+
+    streams: int | None = None
+    free: int | None = None
 
 
 @dataclass
@@ -100,8 +130,14 @@ class EngineStream(abc.ABC):
 class Engine(abc.ABC):
     """A loaded model with its worker threads."""
 
+    # Which engine of the option table this is ("fish", "piper"): the options it honours.
+    kind: ClassVar[str]
     name: str
-    sample_rate: int
+
+    @property
+    @abc.abstractmethod
+    def sample_rate(self) -> int:
+        """The rate of the PCM this engine yields (known once started)."""
 
     @abc.abstractmethod
     def voices(self) -> list[VoiceInfo]: ...
@@ -118,11 +154,27 @@ class Engine(abc.ABC):
     async def stop(self) -> None:
         """Stop workers; in-flight streams end."""
 
-    @abc.abstractmethod
     def open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
-        """Open a stream for ``voice``. Raises :class:`UnknownVoiceError` or
-        :class:`OverloadedError` at once; never blocks."""
+        """Open a stream for ``voice``, or refuse at once (never blocks):
+        :class:`InvalidOptionError` for an option this engine cannot honour,
+        :class:`UnknownVoiceError`, :class:`OverloadedError`, :class:`EngineNotReadyError`."""
+        try:
+            refuse_unhonoured(options, self.kind)
+        except OptionError as exc:
+            raise InvalidOptionError(exc.option, exc.message) from None
+        return self._open_stream(voice, options)
+
+    @abc.abstractmethod
+    def _open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
+        """:meth:`open_stream` once the options are known to be honoured."""
 
     def healthy(self) -> bool:
         """False once a worker thread has died: the process should stop being ready."""
         return True
+
+    def capacity(self) -> Capacity:
+        return Capacity()
+
+    def describe(self) -> dict[str, Any]:
+        """What runs (for ``GET /v1/models``, logs and benchmarks): at least ``engine``."""
+        return {"engine": self.kind}

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
 from streamtts.config import Settings
+from streamtts.engine import faults
 from streamtts.engine.base import Engine
+from streamtts.fish.spec import FishSpec
+from streamtts.piper.spec import PiperSpec
 
 
 class ModelSpecError(ValueError):
@@ -15,17 +15,16 @@ class ModelSpecError(ValueError):
 
 def create_engine(settings: Settings) -> Engine:
     spec = settings.model
-    if spec == "piper" or spec.startswith("piper:"):
+    piper = PiperSpec.parse(spec)
+    if piper is not None:
         from streamtts.piper.engine import PiperEngine
 
-        path = Path(spec.split(":", 1)[1]).expanduser() if ":" in spec else None
-        return PiperEngine(path, threads=settings.engine_threads)
-    if spec.startswith("synthetic:") or Path(spec).expanduser().is_dir():
-        from streamtts.fish.engine import FishEngine, FishSettings
+        return PiperEngine(piper, settings.piper)
+    fish = FishSpec.parse(spec)
+    if fish is not None:
+        from streamtts.fish.engine import FishEngine
 
-        # FishSettings' fields are named as the server settings they come from.
-        names = [f.name for f in dataclasses.fields(FishSettings)]
-        return FishEngine(spec, FishSettings(**{n: getattr(settings, n) for n in names}))
+        return FishEngine(fish, settings.fish, job_hook=faults.job_hook())
     raise ModelSpecError(
         f"unknown model {spec!r}: use 'piper', 'piper:/path/voice.onnx', "
         "a Fish-Speech 1.5 checkpoint directory, or 'synthetic:tiny' / 'synthetic:1.5'"

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from streamtts.engine.base import EngineError, PcmF32, StreamStats
+from streamtts.engine.base import PcmF32, StreamStats, SynthesisError
 
 _END = object()
 
@@ -33,13 +33,13 @@ class PcmHandoff:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
     async def chunks(self, stats: StreamStats, engine: str) -> AsyncIterator[PcmF32]:
-        """Yield posted PCM until :meth:`end`; a posted exception raises :class:`EngineError`."""
+        """Yield posted PCM until :meth:`end`; a posted exception raises :class:`SynthesisError`."""
         while True:
             item = await self._queue.get()
             if item is _END:
                 return
             if isinstance(item, BaseException):
-                raise EngineError(f"{engine} synthesis failed: {item}") from item
+                raise SynthesisError(f"{engine} synthesis failed: {item}") from item
             assert isinstance(item, np.ndarray)
             stats.audio_samples += item.size
             yield item

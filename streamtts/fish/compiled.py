@@ -4,8 +4,8 @@ The codebook pass runs the 4-layer fast transformer at 8 positions per frame; ea
 small kernels are dispatch-bound. Its shapes depend only on the batch size, so it is compiled
 once per batch bucket (1, 2, 4, 8, ... up to the slots) and the batch is padded up to its
 bucket; on CUDA with ``mode="reduce-overhead"``, so each bucket replays as a CUDA graph.
-Sampling inside a compiled graph draws from inductor's RNG: seeded results differ from eager
-ones; greedy results do not.
+Its random draws come in as an input (drawn eagerly before the step), so a compiled graph
+samples with the same noise as eager code would: a seeded stream is reproducible compiled too.
 
 The slow transformer's step is compiled too where that measured faster: int8 weights on the
 CPU (19.0 -> 16.8 ms per step on the dev CPU; a packed bf16 step is faster eager, 20.9 ms,
@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from streamtts.models.fish.llm.generate import SlowStep, fast_codes, slow_step
+from streamtts.models.fish.llm.generate import SlowStep, fast_codes, frame_noise, slow_step
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
 from streamtts.models.fish.llm.quantize import is_int8
-from streamtts.models.fish.llm.sampling import BatchSampling
+from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +75,14 @@ class CompiledFastCodes:
         hidden: torch.Tensor,
         code0: torch.Tensor,
         sampling: BatchSampling,
-        windows: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
+        windows: torch.Tensor | None,
+        noise: torch.Tensor,
     ) -> torch.Tensor:
         b = hidden.shape[0]
         bucket = next((x for x in self.buckets if x >= b), None)
-        if bucket is None or generator is not None:
-            return fast_codes(model, cache, hidden, code0, sampling, windows, generator)
-        args = _pad_rows(bucket, hidden, code0, sampling, windows)
+        if bucket is None:
+            return fast_codes(model, cache, hidden, code0, sampling, windows, noise)
+        args = _pad_rows(bucket, hidden, code0, sampling, windows, noise)
         return self._compiled(model, cache, *args)[:b]  # [B, C-1]
 
     def warm_up(self, model: DualARTransformer, cache: KVCache) -> None:
@@ -98,14 +98,11 @@ class CompiledFastCodes:
             code0 = torch.zeros(bucket, dtype=torch.long, device=device)
             rows = model.config.num_codebooks + 1
             windows = torch.zeros(bucket, rows, 16, dtype=torch.long, device=device)
-            sampling = BatchSampling(
-                temperature=torch.full((bucket,), 0.7, device=device),
-                top_p=torch.full((bucket,), 0.7, device=device),
-                repetition_penalty=torch.full((bucket,), 1.2, device=device),
-            )
+            sampling = BatchSampling.from_params([SamplingParams()] * bucket, device)
+            noise = frame_noise(model, bucket).fast
             started_s = time.perf_counter()
             with compile_settings(model):
-                self(model, cache, hidden, code0, sampling, windows)
+                self(model, cache, hidden, code0, sampling, windows, noise)
             elapsed_s = self.compile_s[f"codebook_b{bucket}"] = time.perf_counter() - started_s
             log.info("compiled the codebook pass for batch %d in %.1f s", bucket, elapsed_s)
 
@@ -168,11 +165,12 @@ def _pad_rows(
     code0: torch.Tensor,
     sampling: BatchSampling,
     windows: torch.Tensor | None,
+    noise: torch.Tensor,
 ) -> tuple[Any, ...]:
     """Repeat row 0 up to ``bucket`` rows; the extra rows' results are dropped."""
     b = hidden.shape[0]
     if b == bucket:
-        return hidden, code0, sampling, windows
+        return hidden, code0, sampling, windows, noise
     # Built on the device: a host-made index would cost a blocking copy per step on a GPU.
     rows = torch.arange(bucket, device=hidden.device)
     rows = rows.masked_fill(rows >= b, 0)  # [bucket]: 0..b-1, then 0
@@ -181,4 +179,5 @@ def _pad_rows(
         code0.index_select(0, rows),
         sampling.select(rows),
         None if windows is None else windows.index_select(0, rows),
+        noise.index_select(0, rows),
     )

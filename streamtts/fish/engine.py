@@ -1,9 +1,10 @@
 """The Fish-Speech 1.5 streaming engine: the asyncio face of the generator and vocoder threads.
 
 ``open_stream`` reserves a KV slot (or refuses at once with ``overloaded``); each
-``synthesize(text)`` submits one segment job and yields PCM as the vocoder thread produces it.
-Nothing here runs torch on the event loop: model loading happens in a thread, and the workers
-own all tensor work.
+``synthesize(text)`` submits one segment job and yields PCM as the vocoder produces it. Nothing
+here runs torch on the event loop: loading happens on a thread of its own, the workers own all
+tensor work, and a stream's tensors (decoder state, random generator, prompt) are made on the
+workers at its first segment.
 """
 
 from __future__ import annotations
@@ -12,15 +13,19 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import torch
 
 from streamtts.engine.base import (
+    Capacity,
     Engine,
-    EngineError,
+    EngineNotReadyError,
     EngineStream,
+    InvalidOptionError,
     OverloadedError,
     PcmF32,
     StreamStats,
@@ -36,106 +41,118 @@ from streamtts.fish.devices import (
     run_on_own_thread,
     set_cpu_threads,
 )
-from streamtts.fish.generator import GeneratorConfig, GeneratorWorker
+from streamtts.fish.generator import GeneratorWorker, JobHook
 from streamtts.fish.jobs import ChunkSchedule, SegmentJob, StreamSlot
-from streamtts.fish.load import FishBundle, load_fish_bundle
-from streamtts.fish.vocoder import VocoderWorker
+from streamtts.fish.load import load_fish_bundle, prepare_llm
+from streamtts.fish.settings import INT8, FishSettings
+from streamtts.fish.spec import FishSpec
+from streamtts.fish.vocoder import VocoderStream, VocoderWorker
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
-from streamtts.models.fish.llm.llama import fuse_gate_up_
+from streamtts.models.fish.llm.generate import FastCodes, SlowStep
+from streamtts.models.fish.llm.llama import DualARTransformer
 from streamtts.models.fish.llm.prompt import PromptBuilder
-from streamtts.models.fish.llm.quantize import is_int8, quantize_int8_
+from streamtts.models.fish.llm.quantize import is_int8
 from streamtts.models.fish.llm.sampling import SamplingParams
 from streamtts.models.fish.llm.synthetic import synthetic_frame_budget
 from streamtts.models.fish.llm.text import split_piece
-from streamtts.models.fish.packed import can_pack, pack_linears_
+from streamtts.options import FISH, OptionError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VOICE_ID = "default"
-INT8 = "int8"  # dtype setting: int8 weight-only linear layers, bf16 activations (CPU)
+WARM_UP_FRAMES = 8
 
-
-class InvalidOptionsError(EngineError):
-    code = "invalid_field"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class FishSettings:
-    device: str = "auto"
-    dtype: str = "auto"
-    max_streams: int = 8
-    context_tokens: int = 4096
-    first_chunk_frames: int = 4
-    chunk_frames: int = 8
-    prefill_chunk_tokens: int = 128
-    max_frames_per_segment: int = 1024
-    max_lead_s: float = 6.0
-    cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
-    compile: bool = False  # torch.compile the decode step at start (see engine.compiled)
+class ModelPasses:
+    """What the engine runs, for the stage profiler (``streamtts bench``): the model, its
+    vocoder and the two transformer passes decode steps use (eager, or compiled)."""
+
+    model: DualARTransformer
+    decoder: IncrementalDecoder
+    fast: FastCodes
+    slow: SlowStep
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    generator: GeneratorWorker
+    vocoder: VocoderWorker
+    synthetic: bool
+    frame_s: float
+    sample_rate: int
+    device: torch.device
+    dtype: str
 
 
 class FishEngine(Engine):
-    name = "fish"
-    sample_rate = 44_100
+    kind = FISH
 
-    def __init__(self, spec: str, settings: FishSettings) -> None:
-        self._spec = spec
+    def __init__(
+        self, spec: str | FishSpec, settings: FishSettings, job_hook: JobHook | None = None
+    ) -> None:
+        parsed = FishSpec.parse(spec) if isinstance(spec, str) else spec
+        if parsed is None:
+            raise ValueError(f"{spec!r} is neither a checkpoint directory nor synthetic:<size>")
+        self._spec = parsed
         self._settings = settings
-        self._bundle: FishBundle | None = None
-        self._generator: GeneratorWorker | None = None
-        self._vocoder: VocoderWorker | None = None
+        self._job_hook = job_hook  # test seam (streamtts.engine.faults)
+        self._loaded: _Loaded | None = None
         self._fatal: BaseException | None = None
-        self.name = f"fish:{spec}" if spec.startswith("synthetic:") else "fish"
+        self.name = parsed.engine_name
 
     # ---- lifecycle ----
 
     async def start(self) -> None:
-        await run_on_own_thread(self._load, "fish-load")
+        self._loaded = await run_on_own_thread(self._load, "fish-load")
+        self._loaded.generator.start()
+        self._loaded.vocoder.start()
         await self._warm_up()
 
-    def _load(self) -> None:
+    def _load(self) -> _Loaded:
         s = self._settings
         device = choose_device(s.device)
         int8 = s.dtype == INT8
         dtype = choose_dtype("bf16" if int8 else s.dtype, device)
         set_cpu_threads(s.cpu_threads)
-        log.info("loading %s on %s in %s", self._spec, device, INT8 if int8 else dtype)
+        log.info("loading %s on %s in %s", self._spec.text, device, INT8 if int8 else dtype)
         bundle = load_fish_bundle(self._spec, device, dtype)
         model = bundle.llm.model
-        if int8:
-            fuse_gate_up_(model)
-            quantize_int8_(model)
-        elif can_pack(model):
-            # A compiled codebook pass packs its own weights (inductor freezing).
-            compiled_part = (model.fast_layers, model.fast_output) if s.compile else ()
-            fuse_gate_up_(model, compiled_part)
-            packed = pack_linears_(model, skip=compiled_part)
-            log.info("packed %d linear layers into oneDNN's layout", packed)
-        context_tokens = min(s.context_tokens, model.config.max_seq_len)
-        cache = model.allocate_cache(s.max_streams + 1, context_tokens)
+        prepare_llm(model, s)
+        cache = model.allocate_cache(
+            s.max_streams + 1, min(s.context_tokens, model.config.max_seq_len)
+        )
         context = DeviceContext(device)
         tokenizer = bundle.llm.tokenizer
         decoder = IncrementalDecoder(bundle.decoder, device, dtype)
         # On the CPU the vocoder runs on the generator thread: one torch thread (see devices).
         vocoder = VocoderWorker(decoder, context, self._on_fatal, inline=not context.is_cuda)
-        self._generator = GeneratorWorker(
+        generator = GeneratorWorker(
             model,
             cache,
             PromptBuilder(tokenizer, model.config.num_codebooks),
             tokenizer.im_end_id,
             context,
-            GeneratorConfig(s.prefill_chunk_tokens, context_tokens, s.max_lead_s, s.compile),
+            s,
             self._on_fatal,
             after_iteration=vocoder.drain if vocoder.inline else lambda: None,
         )
-        self.sample_rate = decoder.sample_rate
-        self._vocoder = vocoder
-        self._bundle = bundle
-        self._generator.start()
-        self._vocoder.start()
+        generator.before_job_work = self._job_hook
+        return _Loaded(
+            generator,
+            vocoder,
+            self._spec.synthetic,
+            frame_s=decoder.samples_per_frame / decoder.sample_rate,
+            sample_rate=decoder.sample_rate,
+            device=device,
+            dtype=describe_dtype(model),
+        )
 
     async def _warm_up(self) -> None:
-        stream = self.open_stream(DEFAULT_VOICE_ID, SynthesisOptions(max_frames_per_segment=8))
+        options = SynthesisOptions(max_frames_per_segment=WARM_UP_FRAMES)
+        stream = self.open_stream(DEFAULT_VOICE_ID, options)
         try:
             async for _ in stream.synthesize("Warming up."):
                 pass
@@ -143,56 +160,81 @@ class FishEngine(Engine):
             stream.close()
 
     async def stop(self) -> None:
-        for worker in (self._generator, self._vocoder):
-            if worker is not None:
+        if self._loaded is not None:
+            for worker in (self._loaded.generator, self._loaded.vocoder):
                 await asyncio.to_thread(worker.stop)
 
     def _on_fatal(self, exc: BaseException) -> None:
         self._fatal = exc
 
     def healthy(self) -> bool:
-        workers = (self._generator, self._vocoder)
-        alive = all(w is not None and w.is_alive() for w in workers)
-        return self._fatal is None and (alive or self._bundle is None)
+        if self._fatal is not None:
+            return False
+        loaded = self._loaded
+        return loaded is None or (loaded.generator.is_alive() and loaded.vocoder.is_alive())
 
-    # ---- voices and streams ----
+    # ---- what the server asks ----
+
+    @property
+    def sample_rate(self) -> int:
+        return self._ready().sample_rate
 
     def voices(self) -> list[VoiceInfo]:
-        description = (
-            "synthetic random weights: noise, not speech"
-            if self._spec.startswith("synthetic:")
-            else "the model's own voice (no reference)"
-        )
-        return [VoiceInfo(DEFAULT_VOICE_ID, "Fish-Speech default", "multi", "fish", description)]
+        description = self._spec.voice_description
+        return [VoiceInfo(DEFAULT_VOICE_ID, "Fish-Speech default", "multi", FISH, description)]
 
     @property
     def default_voice(self) -> str:
         return DEFAULT_VOICE_ID
 
-    @property
-    def generator(self) -> GeneratorWorker:
-        if self._generator is None:
-            raise EngineError("engine not started")
-        return self._generator
+    def capacity(self) -> Capacity:
+        if self._loaded is None:
+            return Capacity()
+        generator = self._loaded.generator
+        return Capacity(generator.capacity, generator.free_slots)
 
-    @property
-    def decoder(self) -> IncrementalDecoder:
-        if self._vocoder is None:
-            raise EngineError("engine not started")
-        return self._vocoder.decoder
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"engine": FISH, "model": self._spec.text}
+        if self._loaded is not None:
+            loaded = self._loaded
+            info |= {
+                "device": str(loaded.device),
+                "dtype": loaded.dtype,
+                "max_streams": loaded.generator.capacity,
+                "frame_s": loaded.frame_s,
+                "compile_s": dict(loaded.generator.compile_s),
+            }
+        return info
 
-    def open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
+    def profile(self, fn: Callable[[ModelPasses], T]) -> asyncio.Future[T]:
+        """Run ``fn`` on the model's thread between iterations (the stage profiler measures
+        there: a second torch thread would slow every kernel on the CPU, see devices)."""
+        loaded = self._ready()
+        vocoder = loaded.vocoder
+        generator = loaded.generator
+
+        def call() -> T:
+            return fn(ModelPasses(generator.model, vocoder.decoder, generator.fast, generator.slow))
+
+        future = cast(Future[T], generator.call(call))
+        return asyncio.wrap_future(future)
+
+    def _ready(self) -> _Loaded:
+        if self._loaded is None:
+            raise EngineNotReadyError("the engine is not started")
+        return self._loaded
+
+    def _open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
         if voice != DEFAULT_VOICE_ID:
             raise UnknownVoiceError(f"unknown voice {voice!r}")
-        if self._bundle is None or self._generator is None or self._vocoder is None:
-            raise EngineError("engine not started")
+        loaded = self._ready()
         if self._fatal is not None:
-            raise EngineError("the engine has failed; see the server log")
+            raise EngineNotReadyError("the engine has failed; see the server log")
         params = _sampling_params(options)
-        slot = self._generator.acquire()
+        slot = loaded.generator.acquire(loaded.frame_s)
         if slot is None:
             raise OverloadedError(
-                f"all {self._generator.capacity} streams are busy; try again shortly"
+                f"all {loaded.generator.capacity} streams are busy; try again shortly"
             )
         s = self._settings
         schedule = ChunkSchedule(
@@ -200,13 +242,13 @@ class FishEngine(Engine):
             options.chunk_frames or s.chunk_frames,
         )
         return FishStream(
-            generator=self._generator,
-            vocoder=self._vocoder,
+            generator=loaded.generator,
+            vocoder=loaded.vocoder,
             slot=slot,
             params=params,
             schedule=schedule,
             max_frames=options.max_frames_per_segment or s.max_frames_per_segment,
-            synthetic=self._bundle.synthetic,
+            synthetic=loaded.synthetic,
         )
 
 
@@ -223,9 +265,10 @@ def _sampling_params(options: SynthesisOptions) -> SamplingParams:
             temperature=_or(options.temperature, defaults.temperature),
             top_p=_or(options.top_p, defaults.top_p),
             repetition_penalty=_or(options.repetition_penalty, defaults.repetition_penalty),
+            seed=options.seed,
         )
-    except ValueError as exc:
-        raise InvalidOptionsError(str(exc)) from exc
+    except OptionError as exc:
+        raise InvalidOptionError(exc.option, exc.message) from exc
 
 
 def _or(value: float | None, default: float) -> float:
@@ -246,7 +289,7 @@ class FishStream(EngineStream):
         self._generator = generator
         self._vocoder = vocoder
         self._slot = slot
-        self._voice = vocoder.new_stream()
+        self._voice = VocoderStream(slot.cancelled)  # one cancel token for both workers
         self._params = params
         self._schedule = schedule
         self._max_frames = max_frames
@@ -258,14 +301,6 @@ class FishStream(EngineStream):
     @property
     def slot(self) -> StreamSlot:
         return self._slot
-
-    @property
-    def params(self) -> SamplingParams:
-        return self._params
-
-    @property
-    def schedule(self) -> ChunkSchedule:
-        return self._schedule
 
     async def synthesize(self, text: str) -> AsyncIterator[PcmF32]:
         # Upstream's splitter strips each piece after cleaning and drops one with nothing to
@@ -312,11 +347,9 @@ class FishStream(EngineStream):
         )
 
     def cancel(self) -> None:
-        self._slot.cancelled.set()
-        self._voice.cancelled.set()
-        self._generator.wake()
+        self._slot.cancelled.set()  # both workers drop this stream's work from now on
         if self._handoff is not None:
-            self._handoff.end()
+            self._handoff.end()  # the coroutine waiting for audio returns at once
 
     def close(self) -> None:
         self.cancel()

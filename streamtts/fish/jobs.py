@@ -1,8 +1,11 @@
-"""What the generator and vocoder threads share: streams, segment jobs and the chunk schedule.
+"""What the Fish engine's threads share about a stream: its slot, cancel token and pacing, and
+each text segment's job moving through prefill and decode.
 
-A :class:`StreamSlot` lives as long as an engine stream: it owns one KV-cache slot, the tokens
-whose keys/values are in that slot, and the iterative-prompt history. A :class:`SegmentJob` is
-one text segment of that stream moving through prefill and decode.
+A :class:`StreamSlot` lives as long as an engine stream: one KV-cache slot, the stream's
+conversation (iterative-prompt history and cached tokens), its random generator when seeded,
+its one cancel token, and how far its audio runs ahead of real time. A :class:`SegmentJob` is one
+text segment of that stream. Built on the event loop without torch; the generator thread fills
+in the tensors.
 """
 
 from __future__ import annotations
@@ -15,18 +18,16 @@ from enum import Enum
 
 import torch
 
+from streamtts.fish.conversation import Conversation
 from streamtts.models.fish.llm.sampling import SamplingParams
-
-FRAME_SAMPLES = 2048  # audio samples per semantic frame at 44.1 kHz
-FRAME_S = FRAME_SAMPLES / 44_100
 
 
 @dataclass(frozen=True)
 class ChunkSchedule:
     """First audio after ``first_frames`` frames, then chunks of ``later_frames``."""
 
-    first_frames: int = 4
-    later_frames: int = 8
+    first_frames: int
+    later_frames: int
 
     def due(self, emitted_frames: int, pending_frames: int) -> bool:
         need = self.first_frames if emitted_frames == 0 else self.later_frames
@@ -35,14 +36,16 @@ class ChunkSchedule:
 
 @dataclass
 class StreamSlot:
-    """Engine-side state of one stream (guarded by the generator thread)."""
+    """Engine-side state of one stream (mutated on the generator thread only, but ``cancelled``,
+    which anyone may set)."""
 
     slot: int
-    # Token columns [C+1, P] whose keys/values sit in positions 0..P-1 of the slot.
-    cached_tokens: torch.Tensor
-    # Iterative-prompt history: turn, frames, turn, frames, ... (each [C+1, n], on the CPU).
-    history: list[torch.Tensor] = field(default_factory=list)
+    frame_s: float  # seconds of audio per frame (the vocoder's geometry)
+    conversation: Conversation = field(default_factory=Conversation)
+    # The stream's one cancel token: the generator drops its jobs, the vocoder its chunks.
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Its own random generator, made on the generator thread at its first segment when seeded.
+    rng: torch.Generator | None = None
     # Frames handed to the vocoder since the stream began, and when the first one was.
     emitted_frames: int = 0
     first_emit_s: float | None = None
@@ -51,7 +54,7 @@ class StreamSlot:
         """How far the audio made so far runs ahead of real-time playback."""
         if self.first_emit_s is None:
             return 0.0
-        return self.emitted_frames * FRAME_S - (now_s - self.first_emit_s)
+        return self.emitted_frames * self.frame_s - (now_s - self.first_emit_s)
 
 
 class Phase(Enum):
@@ -81,3 +84,12 @@ class SegmentJob:
     frames: list[torch.Tensor] = field(default_factory=list)  # generated [C+1] columns (device)
     sent_frames: int = 0  # of ``frames[1:]`` already handed to the vocoder
     finished: bool = False
+
+    @property
+    def decoding(self) -> bool:
+        return self.phase is Phase.DECODE
+
+    @property
+    def prompt_len(self) -> int:
+        assert self.prompt is not None
+        return int(self.prompt.shape[1])

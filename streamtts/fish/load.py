@@ -1,24 +1,29 @@
 """Load what the Fish engine runs: the text-to-semantic LLM and the Firefly decoder.
 
-Sources: a Fish-Speech 1.5 checkpoint directory (nothing is downloaded), or ``synthetic:<size>``
-(the same architectures with seeded random weights: for tests and benchmarks; it produces noise,
-never speech).
+Sources (see :mod:`streamtts.fish.spec`): a Fish-Speech 1.5 checkpoint directory (nothing is
+downloaded), or ``synthetic:<size>`` (the same architectures with seeded random weights).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from streamtts.fish.settings import INT8, FishSettings
+from streamtts.fish.spec import FishSpec
 from streamtts.models.fish.codec.config import VocoderConfig
 from streamtts.models.fish.codec.decoder import FireflyDecoder
 from streamtts.models.fish.codec.firefly import GENERATOR_FILENAME, load_firefly
 from streamtts.models.fish.llm.checkpoint import FishLLM, load_fish_llm
+from streamtts.models.fish.llm.llama import DualARTransformer, fuse_gate_up_
+from streamtts.models.fish.llm.quantize import quantize_int8_
 from streamtts.models.fish.llm.synthetic import load_synthetic
+from streamtts.models.fish.packed import can_pack, pack_linears_
 
-SYNTHETIC_PREFIX = "synthetic:"
+log = logging.getLogger(__name__)
+
 SYNTHETIC_SEED = 0
 
 # A small vocoder for ``synthetic:tiny`` (upstream config field names), so plumbing tests run
@@ -32,26 +37,32 @@ _TINY_VOCODER = {
 
 @dataclass(frozen=True)
 class FishBundle:
-    name: str
+    spec: FishSpec
     llm: FishLLM
     decoder: FireflyDecoder
-    synthetic: bool
 
 
-def is_fish_spec(spec: str) -> bool:
-    return spec.startswith(SYNTHETIC_PREFIX) or Path(spec).expanduser().is_dir()
+def load_fish_bundle(spec: FishSpec, device: torch.device, dtype: torch.dtype) -> FishBundle:
+    if spec.synthetic_size is not None:
+        llm = load_synthetic(spec.synthetic_size, dtype, device, seed=SYNTHETIC_SEED)
+        return FishBundle(spec, llm, synthetic_decoder(spec.synthetic_size, device))
+    assert spec.directory is not None
+    llm = load_fish_llm(spec.directory, dtype, device)
+    firefly = load_firefly(spec.directory / GENERATOR_FILENAME, device=device, with_encoder=False)
+    return FishBundle(spec, llm, firefly.decoder)
 
 
-def load_fish_bundle(spec: str, device: torch.device, dtype: torch.dtype) -> FishBundle:
-    """``spec``: a checkpoint directory or ``synthetic:tiny`` / ``synthetic:1.5``."""
-    if spec.startswith(SYNTHETIC_PREFIX):
-        size = spec.removeprefix(SYNTHETIC_PREFIX)
-        llm = load_synthetic(size, dtype, device, seed=SYNTHETIC_SEED)
-        return FishBundle(spec, llm, synthetic_decoder(size, device), synthetic=True)
-    directory = Path(spec).expanduser()
-    llm = load_fish_llm(directory, dtype, device)
-    firefly = load_firefly(directory / GENERATOR_FILENAME, device=device, with_encoder=False)
-    return FishBundle(directory.name, llm, firefly.decoder, synthetic=False)
+def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
+    """Ready the weights for the dtype setting: int8 layers, or oneDNN-packed bf16 layers on a
+    CPU that has the kernels (a compiled codebook pass packs its own, by inductor freezing)."""
+    if settings.dtype == INT8:
+        fuse_gate_up_(model)
+        quantize_int8_(model)
+    elif can_pack(model):
+        compiled_part = (model.fast_layers, model.fast_output) if settings.compile else ()
+        fuse_gate_up_(model, compiled_part)
+        packed = pack_linears_(model, skip=compiled_part)
+        log.info("packed %d linear layers into oneDNN's layout", packed)
 
 
 def synthetic_decoder(size: str, device: torch.device) -> FireflyDecoder:

@@ -1,9 +1,10 @@
 """The vocoder thread: incremental Firefly decoding of every stream's new frames, batched.
 
 Each stream keeps its decoder state for its whole life, so audio is continuous across text
-segments (no seams, unlike upstream's per-chunk decode from a zero state). Work arrives as
-code chunks from the generator thread; all chunks waiting at once are decoded in one batched
-forward (several chunks of one stream are concatenated first).
+segments (no seams, unlike upstream's per-chunk decode from a zero state). The state is made on
+this thread at the stream's first chunk, never on the event loop. Work arrives as code chunks
+from the generator thread; all chunks waiting at once are decoded in one batched forward
+(several chunks of one stream are concatenated first).
 
 On the CPU the worker runs *inline*: no thread of its own; the generator thread calls
 :meth:`VocoderWorker.drain` after each iteration (see :mod:`streamtts.fish.devices` for why
@@ -13,15 +14,15 @@ the CPU gets one torch thread).
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from streamtts.engine.base import PcmF32
+from streamtts.engine.worker import OnFatal, Worker, each_alone
 from streamtts.fish.devices import DeviceContext
 from streamtts.models.fish.codec.incremental import DecoderState, IncrementalDecoder
 
@@ -30,13 +31,15 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class VocoderStream:
-    """A stream's decoder memory and where its audio goes (callbacks must not block)."""
+    """A stream's decoder memory and where its audio goes (callbacks must not block).
 
-    state: DecoderState
+    ``cancelled`` is the stream's one cancel token, shared with its generator slot."""
+
+    cancelled: threading.Event
+    state: DecoderState | None = None  # made on the vocoder's thread at the first chunk
     on_pcm: Callable[[PcmF32], None] = lambda pcm: None
     on_segment_end: Callable[[], None] = lambda: None
     on_error: Callable[[BaseException], None] = lambda exc: None
-    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
@@ -47,124 +50,80 @@ class _Chunk:
     ready: torch.cuda.Event | None
 
 
-class VocoderWorker:
+@dataclass
+class _Group:
+    """The chunks of one stream decoded together."""
+
+    stream: VocoderStream
+    chunks: list[_Chunk] = field(default_factory=list)
+
+
+class VocoderWorker(Worker[_Chunk]):
     def __init__(
         self,
         decoder: IncrementalDecoder,
         device: DeviceContext,
-        on_fatal: Callable[[BaseException], None],
+        on_fatal: OnFatal,
         inline: bool = False,
     ) -> None:
+        super().__init__("vocoder", on_fatal, inline=inline)
         self._decoder = decoder
         self._device = device
-        self._on_fatal = on_fatal
-        self.inline = inline
-        self._stopped = False
-        self._inbox: queue.SimpleQueue[_Chunk | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._main, name="vocoder", daemon=True)
 
     @property
     def decoder(self) -> IncrementalDecoder:
         return self._decoder
 
-    def new_stream(self) -> VocoderStream:
-        return VocoderStream(self._decoder.new_state())
-
-    def start(self) -> None:
-        if not self.inline:
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped = True
-        if not self.inline:
-            self._inbox.put(None)
-            self._thread.join(timeout=10)
-
-    def is_alive(self) -> bool:
-        return not self._stopped if self.inline else self._thread.is_alive()
+    def submit(self, stream: VocoderStream, codes: torch.Tensor, final: bool) -> None:
+        """Called on the generator thread: ``codes`` [C, n] are ready after its current work."""
+        self.post(_Chunk(stream, codes, final, self._device.record()))
 
     def drain(self) -> None:
         """Inline mode: decode every chunk waiting now, on the calling (generator) thread."""
-        chunks: list[_Chunk] = []
-        self._take_waiting(chunks)  # inline, nothing puts the stop marker
-        if chunks and not self._stopped:
+        chunks = self.take(block=False)
+        if chunks and self.is_alive():
             self._decode(chunks)
-
-    def submit(self, stream: VocoderStream, codes: torch.Tensor, final: bool) -> None:
-        """Called on the generator thread: ``codes`` [C, n] are ready after its current work."""
-        self._inbox.put(_Chunk(stream, codes, final, self._device.record()))
 
     # ---- the thread ----
 
-    def _main(self) -> None:
-        try:
-            with self._device.worker_stream("vocoder"), torch.inference_mode():
-                while True:
-                    chunks = self._take()
-                    if chunks is None:
-                        return
-                    self._decode(chunks)
-        except BaseException as exc:
-            log.exception("vocoder thread died")
-            self._on_fatal(exc)
-
-    def _take(self) -> list[_Chunk] | None:
-        """Block for one chunk, then take everything else already waiting."""
-        first = self._inbox.get()
-        if first is None:
-            return None
-        chunks = [first]
-        if self._take_waiting(chunks):
-            self._inbox.put(None)  # stop after this batch
-        return chunks
-
-    def _take_waiting(self, chunks: list[_Chunk]) -> bool:
-        """Append the chunks waiting now, up to a stop marker; True if one was met."""
-        while True:
-            try:
-                more = self._inbox.get_nowait()
-            except queue.Empty:
-                return False
-            if more is None:
-                return True
-            chunks.append(more)
+    def run(self) -> None:
+        with self._device.worker_stream("vocoder"), torch.inference_mode():
+            while (chunks := self.take(block=True)) is not None:
+                self._decode(chunks)
 
     def _decode(self, chunks: list[_Chunk]) -> None:
-        grouped: dict[int, list[_Chunk]] = {}
+        groups: dict[int, _Group] = {}
         for chunk in chunks:
             if not chunk.stream.cancelled.is_set():
                 self._device.wait(chunk.ready, chunk.codes)
-                grouped.setdefault(id(chunk.stream), []).append(chunk)
-        work = list(grouped.values())
-        if not work:
-            return
-        try:
-            pcm = self._decode_groups(work)
-        except Exception:
-            # States advance only after a successful forward, so each stream can be retried
-            # alone: only a stream that fails by itself is failed.
-            for group in work:
-                try:
-                    pcm = self._decode_groups([group])
-                except Exception as exc:
-                    log.exception("vocoder failed for one stream")
-                    group[0].stream.on_error(exc)
-                    continue
-                self._deliver(group, pcm[0])
-            return
-        for group, audio in zip(work, pcm, strict=True):
+                groups.setdefault(id(chunk.stream), _Group(chunk.stream)).chunks.append(chunk)
+        if groups:
+            each_alone(list(groups.values()), self._decode_groups, self._fail)
+
+    def _decode_groups(self, groups: Sequence[_Group]) -> None:
+        """One batched forward; states advance only if it succeeds, so a failed batch can be
+        retried a stream at a time."""
+        for group in groups:
+            if group.stream.state is None:
+                group.stream.state = self._decoder.new_state()
+        pcm = self._decoder.decode(
+            [g.stream.state for g in groups if g.stream.state is not None],
+            [torch.cat([c.codes for c in g.chunks], dim=1) for g in groups],
+        )
+        for group, audio in zip(groups, pcm, strict=True):
             self._deliver(group, audio)
 
-    def _decode_groups(self, work: list[list[_Chunk]]) -> list[torch.Tensor]:
-        return self._decoder.decode(
-            [group[0].stream.state for group in work],
-            [torch.cat([c.codes for c in group], dim=1) for group in work],
-        )
+    def _deliver(self, group: _Group, audio: torch.Tensor) -> None:
+        stream = group.stream
+        try:
+            samples: PcmF32 = audio.cpu().numpy().astype(np.float32, copy=False)
+            if samples.size:
+                stream.on_pcm(samples)
+            for _ in range(sum(c.final for c in group.chunks)):
+                stream.on_segment_end()
+        except Exception as exc:  # the audio was decoded: failing it must not redo the batch
+            self._fail(group, exc)
 
-    def _deliver(self, group: list[_Chunk], audio: torch.Tensor) -> None:
-        stream = group[0].stream
-        samples: PcmF32 = audio.cpu().numpy().astype(np.float32, copy=False)
-        if samples.size:
-            stream.on_pcm(samples)
-        for _ in range(sum(c.final for c in group)):
-            stream.on_segment_end()
+    @staticmethod
+    def _fail(group: _Group, exc: BaseException) -> None:
+        group.stream.on_error(exc)

@@ -15,7 +15,7 @@ import numpy as np
 
 from streamtts.engine.base import (
     Engine,
-    EngineError,
+    EngineNotReadyError,
     EngineStream,
     PcmF32,
     StreamStats,
@@ -24,6 +24,9 @@ from streamtts.engine.base import (
     VoiceInfo,
 )
 from streamtts.engine.handoff import PcmHandoff
+from streamtts.options import PIPER
+from streamtts.piper.settings import PiperSettings
+from streamtts.piper.spec import PiperSpec
 
 BUNDLED_VOICE_ID = "en_US-joe-medium"
 
@@ -44,18 +47,28 @@ def bundled_voice_paths() -> tuple[Path, Path]:
 
 
 class PiperEngine(Engine):
-    name = "piper"
+    kind = PIPER
+    name = PIPER
 
-    def __init__(self, model_path: Path | None = None, threads: int = 2) -> None:
+    def __init__(self, spec: PiperSpec, settings: PiperSettings) -> None:
+        model_path = spec.model_path
         if model_path is None:
             self._model_path, self._config_path = bundled_voice_paths()
         else:
             self._model_path = model_path
             self._config_path = model_path.with_suffix(model_path.suffix + ".json")
         self._voice_id = self._model_path.name.removesuffix(".onnx")
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="piper")
+        self._executor = ThreadPoolExecutor(settings.engine_threads, thread_name_prefix="piper")
         self._voice: Any = None
-        self.sample_rate = 22_050  # replaced by the voice's own rate on start()
+
+    @property
+    def sample_rate(self) -> int:
+        if self._voice is None:
+            raise EngineNotReadyError("the engine is not started")
+        return int(self._voice.config.sample_rate)
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": PIPER, "model": str(self._model_path), "voice": self._voice_id}
 
     def voices(self) -> list[VoiceInfo]:
         language = self._voice_id.split("-", 1)[0].replace("_", "-")
@@ -68,7 +81,6 @@ class PiperEngine(Engine):
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._voice = await loop.run_in_executor(self._executor, self._load)
-        self.sample_rate = int(self._voice.config.sample_rate)
         # Warm-up: the first run of an ONNX session allocates and is several times slower.
         await loop.run_in_executor(self._executor, self._warm_up)
 
@@ -90,11 +102,11 @@ class PiperEngine(Engine):
     async def stop(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
+    def _open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
         if voice != self._voice_id:
             raise UnknownVoiceError(f"unknown voice {voice!r}")
         if self._voice is None:
-            raise EngineError("engine not started")
+            raise EngineNotReadyError("the engine is not started")
         return _PiperStream(self._voice, self._executor, options)
 
 
@@ -104,7 +116,8 @@ class _PiperStream(EngineStream):
 
         self._voice = voice
         self._executor = executor
-        self._config = SynthesisConfig(length_scale=1.0 / options.speed)
+        speed = 1.0 if options.speed is None else options.speed
+        self._config = SynthesisConfig(length_scale=1.0 / speed)
         self._cancelled = threading.Event()
         self.stats = StreamStats()
 

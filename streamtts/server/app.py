@@ -18,7 +18,6 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from streamtts.config import Settings
-from streamtts.engine import faults
 from streamtts.engine.base import Engine
 from streamtts.engine.factory import create_engine
 from streamtts.server import openai
@@ -46,7 +45,6 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         log.info("loading model %s", settings.model)
         await state.engine.start()
-        faults.install_if_enabled(state.engine)
         lifecycle.ready = True
         log.info("ready: engine %s at %d Hz", state.engine.name, state.engine.sample_rate)
         dog = asyncio.create_task(
@@ -140,12 +138,12 @@ def _register_gauges(metrics: Metrics, state: AppState) -> None:
     metrics.gauge(
         "streamtts_engine_free_slots",
         "Free engine stream slots (KV-cache slots), where the engine has them.",
-        lambda: _generator_figure(state.engine, "free_slots"),
+        lambda: _figure(state.engine.capacity().free),
     )
     metrics.gauge(
         "streamtts_engine_capacity",
         "Engine stream slots (KV-cache slots), where the engine has them.",
-        lambda: _generator_figure(state.engine, "capacity"),
+        lambda: _figure(state.engine.capacity().streams),
     )
     metrics.gauge(
         "streamtts_engine_healthy",
@@ -154,10 +152,5 @@ def _register_gauges(metrics: Metrics, state: AppState) -> None:
     )
 
 
-def _generator_figure(engine: Engine, name: str) -> float | None:
-    try:
-        generator = getattr(engine, "generator", None)
-        value = getattr(generator, name, None) if generator is not None else None
-    except Exception:  # e.g. the engine is not started yet
-        return None
-    return float(value) if isinstance(value, int | float) else None
+def _figure(value: int | None) -> float | None:
+    return None if value is None else float(value)

@@ -22,6 +22,7 @@ import numpy as np
 from streamtts.audio import StreamingResampler, encode_samples
 from streamtts.engine.base import EngineError, EngineStream, PcmF32
 from streamtts.protocol import AudioFormat, ErrorCode, done, error, flushed, segment
+from streamtts.server.errors import wire_error
 from streamtts.server.metrics import Metrics
 from streamtts.server.outbox import SlowConsumerError
 
@@ -149,7 +150,8 @@ class ContextRunner:
         except SlowConsumerError as exc:
             await self._fail(ErrorCode.SLOW_CONSUMER, str(exc))
         except EngineError as exc:
-            await self._fail(exc.code, str(exc))
+            wire = wire_error(exc)
+            await self._fail(wire.code, wire.message)
         except Exception:
             log.exception("context %s failed", self.context)
             await self._fail(ErrorCode.INTERNAL, "internal error while synthesising")

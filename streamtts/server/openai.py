@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -21,9 +22,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from streamtts.audio import StreamingResampler, content_type, make_container_encoder
 from streamtts.config import Settings
-from streamtts.engine.base import Engine, EngineError, EngineStream, SynthesisOptions
+from streamtts.engine.base import Engine, EngineError, EngineStream, OverloadedError
+from streamtts.options import (
+    TRANSPORT_FIELDS,
+    OptionError,
+    SynthesisOptions,
+    describe_options,
+    parse_options,
+)
 from streamtts.segmenter import segment_text
 from streamtts.server.admission import RETRY_AFTER_S, Ticket
+from streamtts.server.errors import wire_error
 from streamtts.server.state import AppState
 
 OPENAI_SAMPLE_RATE_HZ = 24_000
@@ -33,7 +42,11 @@ OPENAI_VOICES = (
     "nova", "sage", "shimmer", "verse", "marin", "cedar",
 )  # fmt: skip
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-SPEED_RANGE = (0.25, 4.0)
+# The request fields: the input and voice, the option table's ``speed``, the response format,
+# ``instructions`` (refused unless empty: no engine takes style instructions), and the
+# transport fields of the option table.
+_FIELDS = {"input", "voice", "response_format", "speed", "instructions"}
+_TRANSPORT = TRANSPORT_FIELDS["openai"]
 
 
 def openai_error(
@@ -60,10 +73,32 @@ class _BadRequest(Exception):
         self.message, self.param, self.code = message, param, code
 
 
+@dataclass(frozen=True)
+class SpeechRequest:
+    input: str
+    voice: str
+    format: str
+    options: SynthesisOptions
+    sse: bool
+
+
 def models_response(engine: Engine) -> JSONResponse:
-    ids = [engine.name, *MODEL_ALIASES]
-    data = [{"id": i, "object": "model", "created": 0, "owned_by": "streamtts"} for i in ids]
-    return JSONResponse({"object": "list", "data": data})
+    """The server's model (with the options it takes and what runs it), then the OpenAI model
+    names it answers to."""
+    options = describe_options(engine.kind)
+    served = {
+        "id": engine.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "streamtts",
+        "options": options,
+        "engine": engine.describe(),
+    }
+    aliases = [
+        {"id": i, "object": "model", "created": 0, "owned_by": "streamtts", "options": options}
+        for i in MODEL_ALIASES
+    ]
+    return JSONResponse({"object": "list", "data": [served, *aliases]})
 
 
 async def speech(request: Request, state: AppState) -> Response:
@@ -88,31 +123,40 @@ async def speech(request: Request, state: AppState) -> Response:
             f"the server is at its limit of {state.admission.limit} active streams; retry shortly"
         )
     try:
-        stream = engine.open_stream(req["voice"], SynthesisOptions(speed=req["speed"]))
+        stream = engine.open_stream(req.voice, req.options)
     except EngineError as exc:
         ticket.release()
-        metrics.errors_total.inc(exc.code)
-        if exc.code == "overloaded":
-            return _overloaded(str(exc))
-        return openai_error(400, str(exc), "voice", exc.code)
-    fmt: str = req["format"]
-    audio = _encoded_audio(stream, ticket, state, req["input"], fmt)
-    if req["sse"]:
+        wire = wire_error(exc)
+        metrics.errors_total.inc(wire.code)
+        if isinstance(exc, OverloadedError):
+            return _overloaded(wire.message)
+        return openai_error(wire.http_status, wire.message, wire.param, wire.code)
+    audio = _encoded_audio(stream, ticket, state, req.input, req.format)
+    if req.sse:
         return StreamingResponse(_sse_events(audio), media_type="text/event-stream")
     return StreamingResponse(
-        audio, media_type=content_type(fmt), headers={"X-Accel-Buffering": "no"}
+        audio, media_type=content_type(req.format), headers={"X-Accel-Buffering": "no"}
     )
 
 
-def _validate(body: Any, engine: Engine, settings: Settings) -> dict[str, Any]:
+def _validate(body: Any, engine: Engine, settings: Settings) -> SpeechRequest:
     if not isinstance(body, dict):
         raise _BadRequest("the request body must be a JSON object", None, "invalid_type")
+    unknown = sorted(set(body) - _FIELDS - set(_TRANSPORT))
+    if unknown:
+        raise _BadRequest(
+            f"unknown parameter {unknown[0]!r}; streamtts takes "
+            f"{', '.join(sorted(_FIELDS | set(_TRANSPORT)))}",
+            unknown[0],
+            "unknown_parameter",
+        )
     text = body.get("input")
     if not isinstance(text, str) or not text.strip():
         raise _BadRequest("'input' must be a non-empty string", "input", "invalid_type")
-    if len(text) > settings.max_http_input_chars:
+    limit = settings.limits.max_http_input_chars
+    if len(text) > limit:
         raise _BadRequest(
-            f"'input' has {len(text)} characters; the maximum is {settings.max_http_input_chars}",
+            f"'input' has {len(text)} characters; the maximum is {limit}",
             "input",
             "string_above_max_length",
         )
@@ -121,21 +165,24 @@ def _validate(body: Any, engine: Engine, settings: Settings) -> dict[str, Any]:
         raise _BadRequest(
             f"'response_format' must be one of {', '.join(RESPONSE_FORMATS)}", "response_format"
         )
-    speed = body.get("speed", 1.0)
-    if not isinstance(speed, int | float) or isinstance(speed, bool):
-        raise _BadRequest("'speed' must be a number", "speed", "invalid_type")
-    if not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:
-        raise _BadRequest(f"'speed' must be within {SPEED_RANGE[0]}..{SPEED_RANGE[1]}", "speed")
+    if body.get("instructions") not in (None, ""):
+        raise _BadRequest(
+            "'instructions' are not supported: this server's voices take no style instructions",
+            "instructions",
+            "unsupported_parameter",
+        )
+    try:
+        options = parse_options({"speed": body.get("speed")})
+    except OptionError as exc:
+        raise _BadRequest(exc.message, "speed") from None
     stream_format = body.get("stream_format", "audio")
     if stream_format not in ("audio", "sse"):
         raise _BadRequest("'stream_format' must be 'audio' or 'sse'", "stream_format")
-    return {
-        "input": text,
-        "voice": _resolve_voice(body.get("voice"), engine),
-        "format": fmt,
-        "speed": float(speed),
-        "sse": stream_format == "sse",
-    }
+    if body.get("stream", True) is not True:
+        raise _BadRequest("'stream' must be true: the body always streams", "stream")
+    return SpeechRequest(
+        text, _resolve_voice(body.get("voice"), engine), fmt, options, stream_format == "sse"
+    )
 
 
 def _resolve_voice(voice: Any, engine: Engine) -> str:
@@ -156,7 +203,7 @@ async def _encoded_audio(
     engine, settings = state.engine, state.settings
     expired = state.lifecycle.expired
     reason = "disconnect"
-    segments = segment_text(text, settings.segmenter_options())
+    segments = segment_text(text, settings.segmenter)
     resampler = StreamingResampler(engine.sample_rate, OPENAI_SAMPLE_RATE_HZ)
     encoder = make_container_encoder(fmt, OPENAI_SAMPLE_RATE_HZ)
     try:
@@ -174,7 +221,7 @@ async def _encoded_audio(
         reason = "end"
     except EngineError as exc:
         reason = "error"
-        state.metrics.errors_total.inc(exc.code)
+        state.metrics.errors_total.inc(wire_error(exc).code)
         raise
     finally:
         # Runs on completion and when the client disconnects mid-body (generator closed).

@@ -13,7 +13,7 @@ class AppState:
     def __init__(self, settings: Settings, engine: Engine) -> None:
         self.settings = settings
         self.engine = engine
-        self.admission = Admission(settings.max_active_contexts)
+        self.admission = Admission(settings.limits.max_active_contexts)
         self.lifecycle = Lifecycle(self.admission)
         self.metrics = Metrics()
         # Audio bytes queued for all contexts that their sockets have not taken yet.

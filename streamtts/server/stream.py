@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from streamtts.engine.base import EngineError, SynthesisOptions
+from streamtts.engine.base import EngineError
 from streamtts.protocol import (
     CloseCode,
     ErrorCode,
@@ -31,6 +31,7 @@ from streamtts.protocol import (
 from streamtts.server.admission import Ticket
 from streamtts.server.auth import SUBPROTOCOL_SCOPE_KEY
 from streamtts.server.context_runner import ContextRunner
+from streamtts.server.errors import wire_error
 from streamtts.server.outbox import Outbox
 from streamtts.server.state import AppState
 from streamtts.session import (
@@ -42,7 +43,6 @@ from streamtts.session import (
     QueueSegment,
     Send,
     Session,
-    SessionLimits,
 )
 
 log = logging.getLogger(__name__)
@@ -64,15 +64,14 @@ class StreamSocket:
         self._session = Session(
             voices=frozenset(v.id for v in self._engine.voices()),
             default_voice=self._engine.default_voice,
-            segmenter_options=settings.segmenter_options(),
-            limits=SessionLimits(
-                max_contexts=settings.max_contexts_per_socket,
-                max_text_per_context_chars=settings.max_text_per_context_chars,
-            ),
+            segmenter_options=settings.segmenter,
+            limits=settings.limits,
         )
         self._runners: dict[str, ContextRunner] = {}
         self._tickets: dict[str, Ticket] = {}
-        self._outbox = Outbox(ws, settings.max_output_buffer_ms, state.add_output_buffer_bytes)
+        self._outbox = Outbox(
+            ws, settings.limits.max_output_buffer_ms, state.add_output_buffer_bytes
+        )
         self._last_activity_s = time.monotonic()
 
     # ---- lifecycle ----
@@ -139,17 +138,15 @@ class StreamSocket:
                 )
             )
             return
-        limit = self._settings.max_ws_message_bytes
+        limits = self._settings.limits
+        limit = limits.max_ws_message_bytes
         if len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit):
             await self._send_json(
-                error(
-                    ErrorCode.MESSAGE_TOO_BIG,
-                    f"message exceeds {self._settings.max_ws_message_bytes} bytes",
-                )
+                error(ErrorCode.MESSAGE_TOO_BIG, f"message exceeds {limit} bytes")
             )
             return
         try:
-            message = parse_client_message(text, self._settings.max_text_per_message_chars)
+            message = parse_client_message(text, limits.max_text_per_message_chars)
         except ProtocolError as exc:
             await self._send_json(error(exc.code, exc.message, exc.context))
             return
@@ -161,7 +158,7 @@ class StreamSocket:
             busy = [c for c, runner in self._runners.items() if runner.busy]
             await self._apply(self._session.poll(_now_ms(), busy))
             idle_s = time.monotonic() - self._last_activity_s
-            if not self._runners and idle_s > self._settings.idle_timeout_s:
+            if not self._runners and idle_s > self._settings.limits.idle_timeout_s:
                 self._outbox.close(CloseCode.POLICY, "idle timeout")
                 return
 
@@ -196,12 +193,12 @@ class StreamSocket:
             await self._send_json(error(ErrorCode.OVERLOADED, refusal, effect.context))
             return
         try:
-            options = SynthesisOptions(**effect.options)  # type: ignore[arg-type]
-            stream = self._engine.open_stream(effect.voice, options)
+            stream = self._engine.open_stream(effect.voice, effect.options)
         except EngineError as exc:
             self._release(effect.context)
             self._session.context_finished(effect.context)
-            await self._send_json(error(exc.code, str(exc), effect.context))
+            wire = wire_error(exc)
+            await self._send_json(error(wire.code, wire.message, effect.context))
             return
         self._outbox.open_context(effect.context)
         self._runners[effect.context] = ContextRunner(

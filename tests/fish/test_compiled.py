@@ -19,14 +19,17 @@ from streamtts.fish.compiled import (
     freezes_weights,
 )
 from streamtts.fish.load import load_fish_bundle
-from streamtts.models.fish.llm.generate import fast_codes, slow_step
+from streamtts.fish.spec import FishSpec
+from streamtts.models.fish.llm.generate import fast_codes, frame_noise, slow_step
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache, fuse_gate_up_
 from streamtts.models.fish.llm.quantize import quantize_int8_
 from streamtts.models.fish.llm.sampling import BatchSampling
 
+TINY = FishSpec("synthetic:tiny", synthetic_size="tiny")
+
 
 def int8_model() -> DualARTransformer:
-    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.bfloat16).llm.model
+    model = load_fish_bundle(TINY, torch.device("cpu"), torch.bfloat16).llm.model
     fuse_gate_up_(model)
     quantize_int8_(model)
     return model
@@ -75,7 +78,7 @@ def test_compiled_slow_step_matches_eager_and_writes_only_its_positions() -> Non
 
 
 def test_packed_and_fp32_models_keep_the_eager_slow_step() -> None:
-    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.float32).llm.model
+    model = load_fish_bundle(TINY, torch.device("cpu"), torch.float32).llm.model
     assert not compiles_slow_step(model)
 
 
@@ -100,7 +103,7 @@ def test_int8_graphs_are_cached_across_starts(
 
 
 def test_bf16_graphs_are_frozen() -> None:
-    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.bfloat16).llm.model
+    model = load_fish_bundle(TINY, torch.device("cpu"), torch.bfloat16).llm.model
     assert freezes_weights(model)
 
 
@@ -112,7 +115,7 @@ def test_batch_buckets_are_powers_of_two_then_the_slots() -> None:
 
 
 def test_codebook_pass_pads_a_batch_to_its_bucket_and_returns_its_rows() -> None:
-    model = load_fish_bundle("synthetic:tiny", torch.device("cpu"), torch.float32).llm.model
+    model = load_fish_bundle(TINY, torch.device("cpu"), torch.float32).llm.model
     cache = model.allocate_cache(6, 64)
     codes = CompiledFastCodes(max_batch=6, device=model.device)
     seen_batches: list[int] = []
@@ -125,16 +128,16 @@ def test_codebook_pass_pads_a_batch_to_its_bucket_and_returns_its_rows() -> None
     gen = torch.Generator().manual_seed(5)
     hidden = torch.randn(3, model.config.dim, generator=gen)
     code0 = torch.tensor([3, 9, 27])
-    # top_p ~ 0 keeps only each row's best code: the draw is the same in any batch.
     sampling = BatchSampling(
         temperature=torch.full((3,), 0.7),
         top_p=torch.full((3,), 1e-6),
         repetition_penalty=torch.tensor([1.0, 1.2, 1.5]),
     )
     windows = torch.randint(0, 50, (3, model.config.num_codebooks + 1, 16), generator=gen)
+    noise = frame_noise(model, 3).fast
     with torch.inference_mode():
-        got = codes(model, cache, hidden, code0, sampling, windows)
-        want = fast_codes(model, cache, hidden, code0, sampling, windows)
+        got = codes(model, cache, hidden, code0, sampling, windows, noise)
+        want = fast_codes(model, cache, hidden, code0, sampling, windows, noise)
     assert seen_batches == [4]
     assert got.shape == (3, model.config.num_codebooks - 1)
     assert torch.equal(got, want)

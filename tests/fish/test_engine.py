@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -12,12 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from streamtts.config import Settings
-from streamtts.engine.base import EngineError, OverloadedError, SynthesisOptions
-from streamtts.fish.engine import FishEngine, FishSettings, FishStream, describe_dtype
+from streamtts.engine.base import (
+    InvalidOptionError,
+    OverloadedError,
+    SynthesisError,
+    SynthesisOptions,
+)
+from streamtts.fish.engine import FishEngine, FishStream
 from streamtts.fish.jobs import SegmentJob
+from streamtts.fish.settings import FishSettings
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.tokenizer import FishTokenizer
+from streamtts.options import OptionError
 from tests.fish_fixture import (
     cached_index,
     entries,
@@ -29,6 +34,7 @@ from tests.fish_fixture import (
     require_dir,
     sibling,
 )
+from tests.torch_guard import TorchOnThisThread, no_torch_on_this_thread
 
 GREEDY = SynthesisOptions(top_p=1e-4)  # keeps only the top token: sampling is an argmax
 FRAME_SAMPLES = 2048
@@ -39,9 +45,16 @@ TEXTS = [
 ]
 
 
+def explode(job: SegmentJob) -> None:
+    """The engines' job hook here: a segment saying "explode" fails inside the generator."""
+    if "explode" in job.text:
+        raise RuntimeError("injected fault")
+
+
 @pytest.fixture
 async def engine() -> AsyncIterator[FishEngine]:
-    engine = FishEngine("synthetic:tiny", FishSettings(dtype="fp32", max_streams=4))
+    settings = FishSettings(dtype="fp32", max_streams=4)
+    engine = FishEngine("synthetic:tiny", settings, job_hook=explode)
     await engine.start()
     yield engine
     await engine.stop()
@@ -61,7 +74,7 @@ async def speak(stream: FishStream, texts: list[str], delay_s: float = 0.0) -> n
 
 def frames_of(stream: FishStream) -> list[torch.Tensor]:
     """The generated frames of each segment (every other history entry)."""
-    return stream.slot.history[1::2]
+    return stream.slot.conversation.history[1::2]
 
 
 async def test_concurrent_streams_generate_what_each_would_alone(engine: FishEngine) -> None:
@@ -97,13 +110,12 @@ async def test_synthetic_segments_last_as_long_as_speech(engine: FishEngine) -> 
 
 
 async def test_cancel_mid_stream_frees_the_slot_and_others_continue(engine: FishEngine) -> None:
-    generator = engine.generator
-    idle = generator.capacity
-    assert generator.free_slots == idle  # the warm-up stream's slot is back
+    idle = engine.capacity().streams
+    assert idle is not None and engine.capacity().free == idle  # the warm-up slot is back
     long_options = SynthesisOptions(top_p=1e-4, max_frames_per_segment=400)
     victim = fish_stream(engine, long_options)
     other = fish_stream(engine)
-    assert generator.free_slots == idle - 2
+    assert engine.capacity().free == idle - 2
 
     async def cancel_after_first_audio() -> int:
         received = 0
@@ -118,13 +130,14 @@ async def test_cancel_mid_stream_frees_the_slot_and_others_continue(engine: Fish
     assert 0 < victim_samples < 60 * 9 * FRAME_SAMPLES
     assert other_audio.size == 5 * 9 * FRAME_SAMPLES
     victim.close()
-    assert generator.free_slots == idle - 1
+    assert engine.capacity().free == idle - 1
     other.close()
-    assert generator.free_slots == idle
+    assert engine.capacity().free == idle
 
 
 async def test_all_slots_busy_is_overloaded_at_once(engine: FishEngine) -> None:
-    streams = [fish_stream(engine) for _ in range(engine.generator.capacity)]
+    streams = [fish_stream(engine) for _ in range(engine.capacity().streams or 0)]
+    assert len(streams) == 4
     started_s = time.perf_counter()
     with pytest.raises(OverloadedError):
         engine.open_stream("default", GREEDY)
@@ -134,23 +147,17 @@ async def test_all_slots_busy_is_overloaded_at_once(engine: FishEngine) -> None:
 
 
 async def test_an_exception_in_one_job_fails_only_that_stream(engine: FishEngine) -> None:
-    def inject(job: SegmentJob) -> None:
-        if "explode" in job.text:
-            raise RuntimeError("injected fault")
-
-    engine.generator.before_job_work = inject
     bad, good = fish_stream(engine), fish_stream(engine)
     results = await asyncio.gather(
         speak(bad, ["please explode now"]),
         speak(good, ["This stream is fine."]),
         return_exceptions=True,
     )
-    assert isinstance(results[0], EngineError)
+    assert isinstance(results[0], SynthesisError)
     assert isinstance(results[1], np.ndarray) and results[1].size == 4 * 9 * FRAME_SAMPLES
     bad.close()
     good.close()
     # The engine keeps serving new streams.
-    engine.generator.before_job_work = None
     after = fish_stream(engine)
     assert (await speak(after, ["Still working."])).size == 2 * 9 * FRAME_SAMPLES
     after.close()
@@ -171,10 +178,13 @@ async def test_first_audio_comes_after_the_first_chunk_not_the_segment(
     assert len(chunks) >= 3
 
 
-async def test_invalid_sampling_options_are_refused(engine: FishEngine) -> None:
-    with pytest.raises(EngineError) as info:
-        engine.open_stream("default", SynthesisOptions(top_p=0.0))
-    assert info.value.code == "invalid_field"
+async def test_options_fish_cannot_honour_are_refused_at_open(engine: FishEngine) -> None:
+    with pytest.raises(OptionError, match="top_p"):
+        SynthesisOptions(top_p=0.0)  # out of range: never reaches an engine
+    with pytest.raises(InvalidOptionError, match="'speed' is not supported") as info:
+        engine.open_stream("default", SynthesisOptions(speed=2.0))
+    assert info.value.option == "speed"
+    assert engine.capacity().free == engine.capacity().streams  # nothing was taken
 
 
 @pytest.mark.parametrize("entry", entries(r"gen_\w+?_fp32_y\.npy"))
@@ -222,8 +232,9 @@ async def test_the_engine_runs_upstreams_prompt_for_emoji_texts(text: str, piece
     try:
         stream = fish_stream(engine, SynthesisOptions(top_p=1e-4, max_frames_per_segment=4))
         await speak(stream, [text])
-        turn = stream.slot.history[0]  # [C+1, n]
-        ran = stream.slot.cached_tokens
+        turn = stream.slot.conversation.history[0]  # [C+1, n]
+        ran = stream.slot.conversation.cached_tokens
+        assert ran is not None
         stream.close()
         builder = PromptBuilder(FishTokenizer.from_file(directory / "tokenizer.tiktoken"), 8)
     finally:
@@ -236,7 +247,7 @@ async def test_the_engine_runs_upstreams_prompt_for_emoji_texts(text: str, piece
 async def test_a_segment_with_nothing_to_say_is_silent_not_an_error(engine: FishEngine) -> None:
     stream = fish_stream(engine)
     assert [pcm async for pcm in stream.synthesize("😀 🚀")] == []
-    assert stream.slot.history == []  # no prompt was built
+    assert stream.slot.conversation.history == []  # no prompt was built
     audio = await speak(stream, ["two words"])  # the stream carries on
     stream.close()
     assert audio.size == 2 * 9 * FRAME_SAMPLES
@@ -246,7 +257,7 @@ async def test_int8_weights_serve_the_same_interface() -> None:
     engine = FishEngine("synthetic:tiny", FishSettings(dtype="int8", max_streams=1))
     await engine.start()
     try:
-        assert describe_dtype(engine.generator.model) == "int8+bfloat16"
+        assert engine.describe()["dtype"] == "int8+bfloat16"
         stream = fish_stream(engine)
         audio = await speak(stream, ["two words"])
         stream.close()
@@ -263,13 +274,52 @@ async def test_a_long_conversation_in_one_stream_keeps_speaking(engine: FishEngi
     for _ in range(12):  # 12 x (about 20 prompt tokens + 73 frames) > 1024 positions
         audio = await speak(stream, [sentence])
         assert audio.size == 8 * 9 * FRAME_SAMPLES
-    assert stream.slot.cached_tokens.shape[1] < 1024
+    cached = stream.slot.conversation.cached_tokens
+    assert cached is not None and cached.shape[1] < 1024
     stream.close()
+
+
+SAMPLED = {"temperature": 0.9, "top_p": 0.9}  # real sampling: the draws matter
+SEEDED_TEXTS = ["A seeded stream says this.", "Then this, in the same voice."]
+
+
+async def seeded_frames(engine: FishEngine, seed: int | None) -> list[torch.Tensor]:
+    stream = fish_stream(engine, SynthesisOptions(seed=seed, **SAMPLED))
+    await speak(stream, SEEDED_TEXTS)
+    stream.close()
+    return frames_of(stream)
+
+
+async def test_a_seed_makes_a_stream_reproducible(engine: FishEngine) -> None:
+    first, again, other = [await seeded_frames(engine, s) for s in (11, 11, 12)]
+    assert len(first) == len(SEEDED_TEXTS)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first[0], other[0])
+    unseeded = [await seeded_frames(engine, None) for _ in range(2)]
+    assert not torch.equal(unseeded[0][0], unseeded[1][0])  # sampling is really random
+
+
+async def test_a_seeded_stream_in_a_batch_draws_what_it_draws_alone(engine: FishEngine) -> None:
+    """Its draws come from its own generator, whatever else shares its decode steps (in fp32
+    the batched arithmetic is the single stream's too, so its frames are the same)."""
+    alone = await seeded_frames(engine, seed=7)
+    crowd = [fish_stream(engine, SynthesisOptions(**SAMPLED)) for _ in range(2)]
+    together, *_ = await asyncio.gather(
+        seeded_frames(engine, seed=7),
+        *(
+            speak(c, ["Others talk at the same time.", "And go on."], 0.02 * i)
+            for i, c in enumerate(crowd)
+        ),
+    )
+    for c in crowd:
+        c.close()
+    assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True))
 
 
 async def test_a_compiled_codebook_pass_generates_what_eager_does() -> None:
     """``compile``: the codebook pass compiled per batch bucket (1 and 2 here); greedy frames of
-    two concurrent streams (bucket 2) and one alone (bucket 1) equal the eager engine's."""
+    two concurrent streams (bucket 2) and one alone (bucket 1) equal the eager engine's, and a
+    seeded stream says the same twice in the compiled engine too (its draws are inputs)."""
     texts = ["a compiled graph speaks", "and so does a second stream here"]
 
     async def frames(settings: FishSettings) -> list[torch.Tensor]:
@@ -285,9 +335,11 @@ async def test_a_compiled_codebook_pass_generates_what_eager_does() -> None:
             await speak(alone, ["alone now"])
             out.append(frames_of(alone)[0])
             alone.close()
+            seeded = [await seeded_frames(engine, seed=21) for _ in range(2)]
+            assert all(torch.equal(a, b) for a, b in zip(*seeded, strict=True))
             if settings.compile:
                 # fp32: the slow step stays eager (compiled only for int8 on the CPU).
-                assert sorted(engine.generator.compile_s) == ["codebook_b1", "codebook_b2"]
+                assert sorted(engine.describe()["compile_s"]) == ["codebook_b1", "codebook_b2"]
             return out
         finally:
             await engine.stop()
@@ -309,23 +361,33 @@ async def test_cpu_engine_runs_all_torch_work_on_one_thread(engine: FishEngine) 
     assert engine.healthy()
 
 
-async def test_generator_call_runs_between_iterations_on_its_thread(engine: FishEngine) -> None:
-    where = await asyncio.wrap_future(
-        engine.generator.call(lambda: threading.current_thread().name)
-    )
-    assert where == "generator"
+async def test_no_torch_runs_on_the_event_loop(engine: FishEngine) -> None:
+    """Every loop-side call of a stream's life (open, synthesize, cancel, close) and of the
+    engine (capacity, voices, describe) leaves all torch work to the workers: on CUDA a tensor
+    made on the loop thread would land on its stream, unordered with the workers'."""
+    with no_torch_on_this_thread(), pytest.raises(TorchOnThisThread):
+        torch.zeros(1)  # the guard works
+    with no_torch_on_this_thread():
+        seeded = fish_stream(engine, SynthesisOptions(seed=5, temperature=0.9, top_p=0.9))
+        audio = await speak(seeded, ["A stream that speaks twice.", "And once more."])
+        seeded.close()
+        victim = fish_stream(engine, SynthesisOptions(max_frames_per_segment=400))
+        async for _ in victim.synthesize(" ".join(["word"] * 30)):
+            victim.cancel()
+        victim.close()
+        assert engine.capacity().free == engine.capacity().streams
+        assert engine.voices() and engine.describe()["engine"] == "fish"
+    assert audio.size == 8 * 9 * FRAME_SAMPLES
 
-    def broken() -> None:
+
+async def test_profile_runs_on_the_model_thread(engine: FishEngine) -> None:
+    where = await engine.profile(lambda passes: (threading.current_thread().name, passes))
+    assert where[0] == "generator"
+    assert where[1].model.config.num_codebooks == 8
+
+    def broken(_: object) -> None:
         raise ValueError("bench bug")
 
     with pytest.raises(ValueError, match="bench bug"):
-        await asyncio.wrap_future(engine.generator.call(broken))
+        await engine.profile(broken)
     assert engine.healthy()  # the caller's error does not kill the worker
-
-
-def test_engine_defaults_are_the_server_defaults() -> None:
-    """The server fills FishSettings from Settings field by field (engine.factory); direct
-    users (bench, engine bench) get FishSettings' own defaults, which must be the same."""
-    server = Settings()
-    for field in dataclasses.fields(FishSettings):
-        assert getattr(FishSettings(), field.name) == getattr(server, field.name), field.name

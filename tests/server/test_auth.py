@@ -16,7 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from streamtts.server.auth import ApiKeys, redact, warn_if_exposed
-from tests.conftest import REPO_DIR, ServerProcess
+from tests.servers import REPO_DIR, ServerProcess
 
 ENV_KEY = "env-key-0123456789abcdef"
 OTHER_ENV_KEY = "second-env-key-fedcba9876"

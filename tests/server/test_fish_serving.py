@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from streamtts.audio import decode_samples
-from tests.server.ws_client import StreamClient
+from tests.ws_client import StreamClient
 
 FRAME_S = 2048 / 44100
 

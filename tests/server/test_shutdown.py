@@ -14,8 +14,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from streamtts.engine.faults import JOB_FAULT, WORKER_FAULT
-from tests.conftest import ServerProcess
-from tests.server.ws_client import StreamClient
+from tests.servers import ServerProcess
+from tests.ws_client import StreamClient
 
 GRACE_S = 3.0
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank."

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from streamtts.server.metrics import parse_exposition
-from tests.conftest import ServerProcess
-from tests.server.ws_client import StreamClient
+from tests.servers import ServerProcess
+from tests.ws_client import StreamClient
 
 SAMPLES_PER_WORD = 9 * 2048  # synthetic:tiny speaks 9 frames of 2048 samples per word
 MAX_STREAMS = 4

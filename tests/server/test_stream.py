@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from streamtts.audio import decode_samples
-from tests.server.ws_client import StreamClient
+from tests.ws_client import StreamClient
 
 SENTENCE_12_WORDS = "The quick brown fox jumps over the lazy dog near the river bank."
 LONG_TEXT = " ".join(

@@ -63,10 +63,18 @@ def test_packed_model_decodes_bit_identically() -> None:
         prefill = model.prefill(cache, prompt, 1, 0)
         frames = torch.zeros(1, 9, dtype=torch.int32)
         frames[0, 0] = model.semantic_begin_id + 3
-        windows = RepetitionWindows(2, 9).gather(torch.tensor([1]))
+        windows = RepetitionWindows(2, 9)
         sampling = BatchSampling.from_params([SamplingParams(top_p=1e-4)])
         step = decode_step(
-            model, cache, frames, torch.tensor([1]), torch.tensor([40]), 41, windows, sampling
+            model,
+            cache,
+            frames,
+            torch.tensor([1]),
+            torch.tensor([40]),
+            41,
+            windows,
+            torch.tensor([0]),
+            sampling,
         )
         outputs.append((prefill.logits, prefill.hidden, step, cache.k.clone()))
     for a, b in zip(*outputs, strict=True):

@@ -6,8 +6,12 @@
 * :func:`prefill_frame` prefills one prompt into a slot and samples its first frame (no
   repetition penalty, as upstream).
 * :func:`decode_step` is the reusable batched step: previous frames of B sequences in B slots at
-  B different positions → the next frame of each. No host synchronisation inside.
+  B different positions → the next frame of each, recorded in the repetition windows. No host
+  synchronisation inside.
 * :class:`RepetitionWindows` keeps upstream's 16-frame penalty window per slot.
+* :class:`FrameNoise` holds one frame's random draws, made before the frame is computed
+  (:func:`frame_noise`), so compiled passes hold no random number generator and a seeded
+  sequence draws from its own generator.
 * :func:`generate` is the single-sequence reference loop matching upstream ``generate()``.
 """
 
@@ -19,7 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache, SlowOutput
-from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams, sample
+from streamtts.models.fish.llm.sampling import (
+    BatchSampling,
+    Generators,
+    SamplingParams,
+    draw_noise,
+    sample,
+)
 
 # Frames in the repetition-penalty window (zero-initialised, upstream).
 WINDOW_FRAMES = 16
@@ -34,20 +44,47 @@ SlowStep = Callable[
 slow_step: SlowStep = DualARTransformer.decode_slow
 
 
+@dataclass(frozen=True)
+class FrameNoise:
+    """``Exponential(1)`` draws for one frame per row, in the model dtype."""
+
+    slow: torch.Tensor  # [B, V]: the slow token
+    fast: torch.Tensor  # [B, C-1, K]: codebooks 1..C-1
+
+    def select(self, rows: torch.Tensor) -> FrameNoise:
+        return FrameNoise(self.slow.index_select(0, rows), self.fast.index_select(0, rows))
+
+
+def frame_noise(model: DualARTransformer, batch: int, generators: Generators = ()) -> FrameNoise:
+    """One frame's draws for ``batch`` rows; row i from ``generators[i]`` if it has one.
+
+    In upstream's order: the slow token's draw of size V, then one of size K per codebook, so
+    a row with its own generator (or batch 1 on the default one) draws what upstream draws.
+    """
+    cfg = model.config
+    dtype, device = model.dtype, model.device
+    slow = torch.empty(batch, cfg.vocab_size, dtype=dtype, device=device)  # [B, V]
+    draw_noise(slow, generators)
+    fast = torch.empty(batch, cfg.num_codebooks - 1, cfg.codebook_size, dtype=dtype, device=device)
+    for k in range(cfg.num_codebooks - 1):
+        draw_noise(fast[:, k], generators)  # [B, K]
+    return FrameNoise(slow, fast)
+
+
 def fast_codes(
     model: DualARTransformer,
     cache: KVCache,
     hidden: torch.Tensor,
     code0: torch.Tensor,
     sampling: BatchSampling,
-    windows: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
+    windows: torch.Tensor | None,
+    noise: torch.Tensor,
 ) -> torch.Tensor:
     """Codebooks 1.. of a frame from the fast transformer: hidden [B, D], code0 [B] → [B, C-1].
 
     Position 0 takes the slow hidden state (its logits are unused upstream); position k the
-    embedding of codebook k-1. Window row k+1 penalises codebook k. One random draw of size K
-    per codebook (upstream order). Shapes depend on B only, so the pass compiles per batch size.
+    embedding of codebook k-1. Window row k+1 penalises codebook k; ``noise`` [B, C-1, K] holds
+    the codebooks' random draws. Shapes depend on B only, so the pass compiles per batch size.
     """
     model.fast_step(cache, hidden, 0)
     code = code0
@@ -55,7 +92,7 @@ def fast_codes(
     for k in range(1, model.config.num_codebooks):
         fast_logits = model.fast_step(cache, model.fast_embeddings(code), k)  # [B, K]
         window = None if windows is None else windows[:, k + 1]
-        code = sample(fast_logits, sampling, window, generator)  # [B]
+        code = sample(fast_logits, sampling, window, noise[:, k - 1])  # [B]
         codes.append(code)
     return torch.stack(codes, dim=1)  # [B, C-1]
 
@@ -66,8 +103,8 @@ def sample_frame(
     logits: torch.Tensor,
     hidden: torch.Tensor,
     sampling: BatchSampling,
-    windows: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
+    windows: torch.Tensor | None,
+    noise: FrameNoise,
     fast: FastCodes = fast_codes,
 ) -> torch.Tensor:
     """Sample one frame per row: logits [B, V], hidden [B, D], windows [B, C+1, W] → [B, C+1] int32.
@@ -75,14 +112,13 @@ def sample_frame(
     Row 0 of the frame is the slow token (sampled over the whole vocabulary); codebook 0 is that
     token minus ``<|semantic:0|>``, clamped into the codebook; codebooks 1.. come from the fast
     transformer (``fast``: :func:`fast_codes` or a compiled equivalent). Window row 0 penalises
-    slow tokens, row k+1 codebook k (row 1 is unused). Random draws per call: one of size V,
-    then one of size K per codebook 1.. (upstream order).
+    slow tokens, row k+1 codebook k (row 1 is unused).
     """
     cfg = model.config
     slow_window = None if windows is None else windows[:, 0]
-    slow_token = sample(logits, sampling, slow_window, generator)  # [B]
+    slow_token = sample(logits, sampling, slow_window, noise.slow)  # [B]
     code0 = (slow_token - model.semantic_begin_id).clamp(0, cfg.codebook_size - 1)  # [B]
-    rest = fast(model, cache, hidden, code0, sampling, windows, generator)  # [B, C-1]
+    rest = fast(model, cache, hidden, code0, sampling, windows, noise.fast)  # [B, C-1]
     frame = torch.cat([slow_token[:, None], code0[:, None], rest], dim=1)  # [B, C+1]
     return frame.to(torch.int32)
 
@@ -98,13 +134,13 @@ def prefill_frame(
 ) -> torch.Tensor:
     """Prefill ``prompt`` [C+1, S] into ``slot`` from ``start_pos``; sample its first frame [C+1].
 
-    ``sampling`` holds one row. For a chunked prefill, call :meth:`DualARTransformer.prefill`
-    for the earlier chunks and this for the last one.
+    ``sampling`` holds one row; ``generator``: the sequence's own (``None``: the default one).
+    For a chunked prefill, call :meth:`DualARTransformer.prefill` for the earlier chunks and
+    this for the last one.
     """
     out = model.prefill(cache, prompt, slot, start_pos)
-    return sample_frame(
-        model, cache, out.logits[None], out.hidden[None], sampling, None, generator
-    )[0]
+    noise = frame_noise(model, 1, [generator])
+    return sample_frame(model, cache, out.logits[None], out.hidden[None], sampling, None, noise)[0]
 
 
 def decode_step(
@@ -114,21 +150,28 @@ def decode_step(
     slots: torch.Tensor,
     positions: torch.Tensor,
     kv_len: int,
-    windows: torch.Tensor,
+    windows: RepetitionWindows,
+    steps: torch.Tensor,
     sampling: BatchSampling,
-    generator: torch.Generator | None = None,
+    generators: Generators = (),
     fast: FastCodes = fast_codes,
     slow: SlowStep = slow_step,
 ) -> torch.Tensor:
     """One decode step for B sequences: previous frames [B, C+1] → next frames [B, C+1] int32.
 
     slots [B] int64 (distinct), positions [B] int64 (position of each input frame),
-    ``kv_len`` a host-side bound > max(positions), windows [B, C+1, W] (see
-    :class:`RepetitionWindows`), sampling with B rows. B must not exceed ``cache.slots``.
-    ``fast`` and ``slow`` run the two transformers (eager, or compiled equivalents).
+    ``kv_len`` a host-side bound > max(positions), sampling with B rows, ``generators`` each
+    row's own (or ``None``: the default one). The slots' repetition windows are read, and the
+    new frames recorded at loop step ``steps`` [B] (0 = the first frame after the prefill
+    frame). B must not exceed ``cache.slots``. ``fast`` and ``slow`` run the two transformers
+    (eager, or compiled equivalents).
     """
+    noise = frame_noise(model, frames.shape[0], generators)
     out = slow(model, cache, frames[:, :, None], slots, positions, kv_len)
-    return sample_frame(model, cache, out.logits, out.hidden, sampling, windows, generator, fast)
+    window = windows.gather(slots)  # [B, C+1, W]
+    new = sample_frame(model, cache, out.logits, out.hidden, sampling, window, noise, fast)
+    windows.push(slots, steps, new)
+    return new
 
 
 class RepetitionWindows:
@@ -205,11 +248,11 @@ def generate(
             slots,
             torch.tensor([position], device=model.device),
             position + 1,
-            windows.gather(slots),
+            windows,
+            torch.tensor([step], device=model.device),
             sampling,
-            generator,
+            [generator],
         )[0]
-        windows.push(slots, torch.tensor([step], device=model.device), frame[None])
         generated.append(frame)
         if int(frame[0]) == im_end_id:
             stopped = True

@@ -7,8 +7,12 @@ behave as follows (checked against torch, see tests): ``*`` and ``/`` are comput
 and rounded once to the logits dtype, while the top-p comparison rounds ``p`` to the logits
 dtype first. The batched code below reproduces exactly that with per-sequence ``[B]`` tensors.
 
-With batch 1 the random draws match upstream's: one ``exponential_`` of the logits' shape per
-call, in the logits dtype, from the given (or default) generator. No host synchronisation.
+Random draws come in as ``noise`` (:func:`draw_noise`: ``Exponential(1)`` samples of the
+logits' shape and dtype), drawn by the caller before the sampling runs, so a compiled graph
+holds no random number generator and a seeded stream draws from its own generator whatever
+batch it is in. With batch 1 from the default generator the draws are upstream's: one
+``exponential_`` of the logits' shape per sampled token, in upstream's order. No host
+synchronisation.
 
 Top-p over the 102048-token vocabulary in bf16 uses a counting sort instead of upstream's
 comparison sort (:func:`top_p_filter_by_counting`; 5.7 → 0.9 ms per row on the dev CPU): the
@@ -22,6 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
+from streamtts.options import BY_NAME
+
+_DEFAULTS: dict[str, float] = {
+    name: float(BY_NAME[name].default)  # type: ignore[arg-type]
+    for name in ("temperature", "top_p", "repetition_penalty")
+}
 MIN_TEMPERATURE = 1e-5
 # From this vocabulary size on, 16-bit logits are filtered by counting, not sorting.
 COUNTING_MIN_VOCAB = 8192
@@ -29,19 +39,20 @@ COUNTING_MIN_VOCAB = 8192
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-sequence sampling settings (upstream API defaults)."""
+    """Per-sequence sampling settings; defaults and ranges are the option table's (upstream's
+    API defaults and the bounds upstream asserts). ``seed``: the sequence draws from its own
+    generator seeded with it; ``None``: from the default generator."""
 
-    temperature: float = 0.7
-    top_p: float = 0.7
-    repetition_penalty: float = 1.2
+    temperature: float = _DEFAULTS["temperature"]
+    top_p: float = _DEFAULTS["top_p"]
+    repetition_penalty: float = _DEFAULTS["repetition_penalty"]
+    seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 < self.repetition_penalty < 2.0:
-            raise ValueError(f"repetition_penalty must be in (0, 2), got {self.repetition_penalty}")
-        if not 0.0 < self.temperature < 2.0:
-            raise ValueError(f"temperature must be in (0, 2), got {self.temperature}")
+        for name in ("temperature", "top_p", "repetition_penalty", "seed"):
+            value = getattr(self, name)
+            if value is not None:
+                BY_NAME[name].check(value)  # raises OptionError (a ValueError) naming it
 
 
 @dataclass(frozen=True)
@@ -188,22 +199,43 @@ def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.
     return (logits.float() / tau).to(logits.dtype)
 
 
-def exponential_race(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """``argmax(probs / q)``, ``q ~ Exponential(1)``: a multinomial draw. [B, V] → [B] int64."""
-    q = torch.empty_like(probs).exponential_(1, generator=generator)  # [B, V]
-    return torch.argmax(probs / q, dim=-1)
+Generators = Sequence[torch.Generator | None]
+
+
+def draw_noise(noise: torch.Tensor, generators: Generators = ()) -> torch.Tensor:
+    """Fill ``noise`` [B, ...] with ``Exponential(1)`` draws in place and return it.
+
+    One ``exponential_`` over the whole tensor from the default generator, then each row with
+    a generator of its own (``generators[i]``, or ``None``) drawn again from it, so a seeded row
+    does not depend on the rest of the batch.
+    """
+    noise.exponential_(1)
+    for row, generator in enumerate(generators):
+        if generator is not None:
+            noise[row].exponential_(1, generator=generator)
+    return noise
+
+
+def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``argmax(probs / q)``, ``q ~ Exponential(1)`` (``noise``): a multinomial draw.
+    [B, V] → [B] int64."""
+    return torch.argmax(probs / noise, dim=-1)
 
 
 def sample(
     logits: torch.Tensor,
     params: BatchSampling,
     window: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Draw one id per row. logits: [B, V]; window: [B, W] previous ids or None → [B] int64."""
+    """Draw one id per row. logits: [B, V]; window: [B, W] previous ids or None; noise: [B, V]
+    ``Exponential(1)`` draws in the logits dtype (drawn here from the default generator when
+    ``None``) → [B] int64."""
     if window is not None:
         logits = apply_repetition_penalty(logits, window, params.repetition_penalty)
     logits = top_p_filter(logits, params.top_p)
     logits = apply_temperature(logits, params.temperature)
     probs = torch.softmax(logits, dim=-1)  # [B, V]
-    return exponential_race(probs, generator)
+    if noise is None:
+        noise = draw_noise(torch.empty_like(probs))
+    return exponential_race(probs, noise)

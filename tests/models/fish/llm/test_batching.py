@@ -127,10 +127,10 @@ def test_batched_decode_step_frames_equal_solo_generation(
             slots,
             positions,
             int(positions.max()) + 1,
-            windows.gather(slots),
+            windows,
+            torch.full((len(prompts),), step),
             sampling,
         )
-        windows.push(slots, torch.full((len(prompts),), step), frames)
         generated.append(frames)
     batched = torch.stack(generated, dim=2)  # [B, C+1, n]
     for b, expected in enumerate(solo):

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from streamtts.models.fish.llm.generate import WINDOW_FRAMES, RepetitionWindows, prefill_frame
+from streamtts.models.fish.llm.generate import (
+    WINDOW_FRAMES,
+    RepetitionWindows,
+    frame_noise,
+    prefill_frame,
+)
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.sampling import (
     COUNTING_MIN_VOCAB,
@@ -153,6 +158,21 @@ def test_frame_consumes_rng_like_upstream(dtype: torch.dtype) -> None:
     for _ in range(cfg.num_codebooks - 1):
         torch.empty(cfg.codebook_size, dtype=dtype).exponential_(1)
     assert torch.equal(after_frame, torch.rand(4))
+
+
+def test_a_seeded_row_draws_from_its_own_generator_in_upstreams_order() -> None:
+    """Row 1 of a batch with its own generator gets what that generator gives alone, in
+    upstream's order (size V, then K per codebook); rows without one use the default."""
+    model = load_synthetic("tiny", torch.float32, seed=4).model
+    cfg = model.config
+    noise = frame_noise(model, 3, [None, torch.Generator().manual_seed(9), None])
+    solo = torch.Generator().manual_seed(9)
+    assert torch.equal(noise.slow[1], torch.empty(cfg.vocab_size).exponential_(1, generator=solo))
+    for k in range(cfg.num_codebooks - 1):
+        want = torch.empty(cfg.codebook_size).exponential_(1, generator=solo)
+        assert torch.equal(noise.fast[1, k], want)
+    assert not torch.equal(noise.slow[0], noise.slow[1])
+    assert bool((noise.slow > 0).all()) and bool((noise.fast > 0).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -1,0 +1,77 @@
+"""One stream's iterative prompt: the history of turns and generated frames, and which tokens
+its KV-cache slot already holds, so a new segment prefills only what its prompt adds.
+
+Upstream re-prefills the whole prompt for every text chunk. Here a stream keeps its slot: a new
+segment's prompt (prefix + the history entries upstream keeps + the new turn) usually extends
+what the slot holds (the previous prompt and its frames), so only the difference is prefilled.
+Pure tensor bookkeeping on the CPU; the generator thread calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from streamtts.models.fish.llm.prompt import segment_prompt
+
+log = logging.getLogger(__name__)
+
+# Positions a segment's prompt must leave free in the cache for its frames.
+MIN_FRAMES_ROOM = 64
+
+
+@dataclass(frozen=True)
+class Plan:
+    prompt: torch.Tensor  # [C+1, L]
+    prefill_from: int  # the first prompt column the slot does not hold yet (< L)
+    copy_prefix: bool  # the slot holds nothing: copy the shared prefix's keys/values first
+
+
+@dataclass
+class Conversation:
+    # Token columns [C+1, P] whose keys/values sit in positions 0..P-1 of the slot; None while
+    # the slot holds nothing of this stream (so nothing is made on the event loop).
+    cached_tokens: torch.Tensor | None = None
+    # Turn, frames, turn, frames, ... (each [C+1, n], on the CPU).
+    history: list[torch.Tensor] = field(default_factory=list)
+
+    def plan(
+        self, prefix: torch.Tensor, turn: torch.Tensor, max_prompt_tokens: int, max_seq_len: int
+    ) -> Plan:
+        """Add ``turn`` to the history and plan its segment's prompt."""
+        copy_prefix = self.cached_tokens is None
+        cached = prefix if self.cached_tokens is None else self.cached_tokens
+        self.history.append(turn)
+        prompt = segment_prompt(prefix, self.history, max_prompt_tokens)
+        if prompt.shape[1] + MIN_FRAMES_ROOM > max_seq_len:
+            # Upstream's trimming rule keeps the whole history when even the newest entry
+            # exceeds its budget (a context shorter than its 1024-frame reserve); that prompt
+            # would not fit the cache, so the segment starts afresh from the prefix instead.
+            log.warning("history does not fit %d cached tokens: dropped", max_seq_len)
+            self.history[:] = [turn]
+            prompt = torch.cat([prefix, turn], dim=1)
+        self.cached_tokens = cached
+        # At least the last column is prefilled: its logits start the segment.
+        prefill_from = min(common_prefix(cached, prompt), prompt.shape[1] - 1)
+        return Plan(prompt, prefill_from, copy_prefix)
+
+    def prefilled(self, prompt: torch.Tensor) -> None:
+        """The slot now holds ``prompt``."""
+        self.cached_tokens = prompt
+
+    def completed(self, frames: torch.Tensor) -> None:
+        """A segment generated ``frames`` [C+1, N] (prefill frame through the last one)."""
+        assert self.cached_tokens is not None
+        self.history.append(frames)
+        # Every frame but the last was fed back, so its keys/values are in the slot.
+        self.cached_tokens = torch.cat([self.cached_tokens, frames[:, :-1]], dim=1)
+
+
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the longest common prefix of two token-column tensors [C+1, *]."""
+    n = min(a.shape[1], b.shape[1])
+    same = (a[:, :n] == b[:, :n]).all(dim=0)  # [n]
+    mismatch = (~same).nonzero()
+    return int(mismatch[0, 0]) if mismatch.numel() else n

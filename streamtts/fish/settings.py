@@ -1,0 +1,39 @@
+"""Settings of the Fish-Speech runtime (no torch here: the server's configuration imports it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamtts.bounds import SettingsError, require_bounds
+
+DTYPES = ("auto", "bf16", "fp16", "fp32", "int8")
+INT8 = "int8"  # int8 weight-only linear layers, bf16 activations (CPU)
+
+
+@dataclass(frozen=True)
+class FishSettings:
+    # "auto": CUDA if present, else the CPU; bf16 where the hardware has it, else fp32.
+    device: str = "auto"
+    dtype: str = "auto"
+    max_streams: int = 8  # KV-cache slots = concurrent Fish streams
+    context_tokens: int = 4096  # per-stream KV length; the iterative prompt's budget
+    first_chunk_frames: int = 4  # frames before the first audio of a segment (46.4 ms each)
+    chunk_frames: int = 8  # frames per later vocoder chunk
+    prefill_chunk_tokens: int = 128  # prompt tokens prefilled per step between decode steps
+    max_frames_per_segment: int = 1024
+    max_lead_s: float = 6.0  # streams this far ahead of real time yield compute to others
+    cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
+    compile: bool = False  # torch.compile the decode step at start (docs/operations.md)
+
+    def __post_init__(self) -> None:
+        require_bounds(
+            self,
+            max_streams=1,
+            context_tokens=64,
+            first_chunk_frames=1,
+            chunk_frames=1,
+            prefill_chunk_tokens=1,
+            max_frames_per_segment=1,
+        )
+        if self.dtype not in DTYPES:
+            raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")

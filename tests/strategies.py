@@ -1,0 +1,67 @@
+"""Hypothesis strategies shared by the protocol tests and the live fuzzers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+
+def json_values(allow_nan: bool = True) -> st.SearchStrategy[Any]:
+    """Any JSON-shaped value (NaN and infinities too unless ``allow_nan`` is off: a JSON
+    encoder then writes them as non-standard tokens, which a server must refuse cleanly)."""
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=allow_nan, allow_infinity=allow_nan)
+        | st.text(max_size=30)
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+
+
+JSON_VALUES = json_values()
+OPTION_NAMES = st.sampled_from(
+    ["speed", "temperature", "top_p", "repetition_penalty", "seed", "chunk_frames", "warp"]
+)
+
+
+def near_native_messages(
+    contexts: st.SearchStrategy[str], voices: st.SearchStrategy[str]
+) -> st.SearchStrategy[dict[str, Any]]:
+    """Native-protocol messages that look almost right: the known fields with random values,
+    often of the wrong type."""
+    return st.fixed_dictionaries(
+        {
+            "type": st.sampled_from(["start", "text", "flush", "end", "cancel", "dance", "START"])
+            | JSON_VALUES
+        },
+        optional={
+            "context": contexts | JSON_VALUES,
+            "text": st.text(max_size=150) | JSON_VALUES,
+            "voice": voices | JSON_VALUES,
+            "format": st.fixed_dictionaries(
+                {},
+                optional={
+                    "encoding": st.sampled_from(["pcm_s16le", "mulaw", "opus"]) | JSON_VALUES,
+                    "sample_rate": st.integers(-10, 100_000) | JSON_VALUES,
+                },
+            )
+            | JSON_VALUES,
+            "options": st.dictionaries(OPTION_NAMES | st.text(max_size=8), JSON_VALUES, max_size=3)
+            | st.fixed_dictionaries(
+                {},
+                optional={
+                    "speed": st.floats(allow_nan=True) | JSON_VALUES,
+                    "seed": st.integers() | JSON_VALUES,
+                    "chunk_frames": st.integers(-5, 300),
+                },
+            ),
+        },
+    )
