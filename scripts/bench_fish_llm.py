@@ -103,10 +103,10 @@ def bench_decode(
                     slots,
                     positions,
                     position + 1,
-                    windows.gather(slots),
+                    windows,
+                    torch.full((batch,), step),
                     sampling,
                 )
-                windows.push(slots, torch.full((batch,), step), frames)
                 position += 1
             rate = steps / (time.perf_counter() - t0)
             log(f"batch {batch} run {run}{' (warm-up)' if run == 0 else ''}: {rate:.2f} steps/s")

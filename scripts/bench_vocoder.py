@@ -20,9 +20,9 @@ import time
 
 import torch
 
+from streamtts.models.fish.codec.config import VocoderConfig
 from streamtts.models.fish.codec.decoder import FireflyDecoder
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
-from streamtts.models.fish.codec.config import VocoderConfig
 
 SEED = 1234
 MODES = {

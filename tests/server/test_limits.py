@@ -15,7 +15,6 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from streamtts.config import Settings, leaves
-from streamtts.server.admission import Admission
 from streamtts.server.metrics import Metrics, parse_exposition
 from tests.servers import ServerProcess
 from tests.ws_client import StreamClient
@@ -222,18 +221,6 @@ def test_every_setting_is_documented() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     for name, _ in leaves(Settings()):
         assert f"`STREAMTTS_{name.upper()}`" in doc, name
-
-
-def test_admission_tickets() -> None:
-    admission = Admission(2)
-    first, second = admission.try_acquire(), admission.try_acquire()
-    assert first is not None and second is not None
-    assert admission.full and admission.try_acquire() is None and admission.refused == 1
-    first.release()
-    first.release()  # idempotent: a ticket frees one place once
-    assert admission.active == 1 and not admission.full
-    second.release()
-    assert admission.active == 0
 
 
 def test_metrics_exposition_format() -> None:

@@ -1,0 +1,55 @@
+"""A stream's iterative prompt: what its slot holds, what a new segment prefills."""
+
+from __future__ import annotations
+
+import torch
+
+from streamtts.fish.conversation import MIN_FRAMES_ROOM, Conversation, common_prefix
+
+ROWS = 9
+
+
+def tokens(*ids: int) -> torch.Tensor:
+    t = torch.zeros(ROWS, len(ids), dtype=torch.int32)
+    t[0] = torch.tensor(ids, dtype=torch.int32)
+    return t
+
+
+def test_the_first_segment_copies_the_prefix_and_prefills_its_turn() -> None:
+    conversation = Conversation()
+    prefix, turn = tokens(1, 2, 3), tokens(10, 11)
+    plan = conversation.plan(prefix, turn, 4096, 1024)
+    assert plan.copy_prefix and plan.prefill_from == 3
+    assert torch.equal(plan.prompt, torch.cat([prefix, turn], dim=1))
+    conversation.prefilled(plan.prompt)
+    frames = tokens(20, 21, 22)  # prefill frame .. last frame
+    conversation.completed(frames)
+    assert conversation.history == [turn, frames]
+    cached = conversation.cached_tokens
+    assert cached is not None and cached.shape[1] == 5 + 2  # the last frame was not fed back
+
+
+def test_a_later_segment_prefills_only_what_its_prompt_adds() -> None:
+    conversation = Conversation()
+    prefix = tokens(1, 2, 3)
+    first = conversation.plan(prefix, tokens(10, 11), 4096, 1024)
+    conversation.prefilled(first.prompt)
+    conversation.completed(tokens(20, 21, 22))
+    second = conversation.plan(prefix, tokens(30, 31), 4096, 1024)
+    assert not second.copy_prefix
+    # prefix + turn0 + frames0 (3) + turn1: the slot holds prefix + turn0 + 2 frames.
+    assert second.prompt.shape[1] == 3 + 2 + 3 + 2
+    assert second.prefill_from == 3 + 2 + 2
+
+
+def test_a_history_that_cannot_fit_starts_afresh() -> None:
+    conversation = Conversation()
+    prefix = tokens(1, 2)
+    long_turn = tokens(*range(100, 100 + 40))
+    plan = conversation.plan(prefix, long_turn, 4096, 40 + MIN_FRAMES_ROOM)
+    assert plan.prompt.shape[1] == 2 + 40 and conversation.history == [long_turn]
+
+
+def test_common_prefix() -> None:
+    a, b = tokens(1, 2, 3, 4), tokens(1, 2, 9)
+    assert common_prefix(a, b) == 2 and common_prefix(a, a) == 4 and common_prefix(a, a[:, :0]) == 0

@@ -1,0 +1,140 @@
+"""One context's pipeline without a socket: segments in order, marks after their audio, the one
+``done``, cancel, engine failures and slow consumers, with a fake engine stream."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from streamtts.options import SynthesisOptions
+from streamtts.protocol import AudioFormat
+from streamtts.server.context_runner import ContextRunner
+from streamtts.server.metrics import Metrics
+from streamtts.server.outbox import SlowConsumerError
+from tests.fake_engine import FAIL, FakeEngine, FakeStream
+
+RATE_HZ = 16_000
+
+
+class Wire:
+    """What the runner sends, in order: ("json", message) and ("audio", samples)."""
+
+    def __init__(self, audio_limit_ms: float | None = None) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self.finished: list[str] = []
+        self.audio_limit_ms = audio_limit_ms
+        self.audio_ms = 0.0
+
+    async def send_json(self, message: dict[str, object]) -> None:
+        self.events.append(("json", message))
+
+    async def send_audio(self, context: str, payload: bytes, ms: float) -> None:
+        self.audio_ms += ms
+        if self.audio_limit_ms is not None and self.audio_ms > self.audio_limit_ms:
+            raise SlowConsumerError("too much audio waiting")
+        self.events.append(("audio", len(payload) // 2))
+
+    def messages(self, kind: str) -> list[dict[str, Any]]:
+        return [m for k, m in self.events if k == "json" and m["type"] == kind]
+
+    def samples(self) -> int:
+        return sum(n for k, n in self.events if k == "audio")
+
+
+def runner_for(
+    wire: Wire, engine: FakeEngine | None = None, metrics: Metrics | None = None
+) -> tuple[ContextRunner, FakeStream]:
+    engine = engine or FakeEngine(rate_hz=RATE_HZ)
+    stream = engine.open_stream("fake-voice", SynthesisOptions())
+    assert isinstance(stream, FakeStream)
+    runner = ContextRunner(
+        "c",
+        stream,
+        RATE_HZ,
+        AudioFormat("pcm_s16le", RATE_HZ),
+        wire.send_json,
+        wire.send_audio,
+        wire.finished.append,
+        metrics,
+    )
+    return runner, stream
+
+
+async def wait_done(wire: Wire) -> dict[str, Any]:
+    for _ in range(500):
+        if wire.messages("done"):
+            return wire.messages("done")[0]
+        await asyncio.sleep(0.01)
+    raise TimeoutError("no done")
+
+
+async def test_segments_marks_and_end_come_in_order_with_stats() -> None:
+    wire, metrics = Wire(), Metrics()
+    runner, stream = runner_for(wire, metrics=metrics)
+    runner.queue_segment("Hello there.")
+    runner.queue_flush_mark()
+    runner.queue_segment("Bye.")
+    runner.queue_end()
+    done = await wait_done(wire)
+    kinds = [m["type"] if k == "json" else "audio" for k, m in wire.events]
+    first_flushed = kinds.index("flushed")
+    assert kinds[0] == "audio" and kinds.count("segment") == 2 and kinds[-1] == "done"
+    assert kinds.index("segment") < first_flushed < kinds.index("segment", first_flushed)
+    segments = wire.messages("segment")
+    assert [s["text"] for s in segments] == ["Hello there.", "Bye."]
+    assert segments[0]["end_ms"] == segments[1]["start_ms"] > 0
+    assert done["reason"] == "end" and done["stats"]["ttfa_ms"] is not None
+    assert done["stats"]["audio_ms"] == segments[1]["end_ms"]
+    assert wire.samples() == len("Hello there.Bye.") * 160  # the resampler's tail included
+    assert stream.closed and wire.finished == ["c"]
+    assert metrics.contexts_total.value("end") == 1 and metrics.ttfa_ms.count == 1
+    assert not runner.busy
+
+
+async def test_cancel_stops_the_engine_and_sends_one_done() -> None:
+    engine = FakeEngine(rate_hz=RATE_HZ, chunk_delay_s=0.05)
+    wire = Wire()
+    runner, stream = runner_for(wire, engine)
+    runner.queue_segment("A long sentence that would take a while to speak aloud.")
+    while not wire.events:
+        await asyncio.sleep(0.01)
+    await runner.cancel()
+    await runner.cancel()  # idempotent
+    assert stream.cancelled.is_set() and stream.closed
+    assert [m["reason"] for m in wire.messages("done")] == ["cancel"]
+    sent = wire.samples()
+    await asyncio.sleep(0.2)
+    assert wire.samples() == sent  # nothing after the cancel
+    assert set(wire.finished) == {"c"}  # reported finished (possibly more than once)
+
+
+async def test_an_engine_failure_ends_the_context_with_an_error() -> None:
+    wire, metrics = Wire(), Metrics()
+    runner, stream = runner_for(wire, metrics=metrics)
+    runner.queue_segment(f"this fails {FAIL}")
+    runner.queue_end()
+    done = await wait_done(wire)
+    (error,) = wire.messages("error")
+    assert error["code"] == "internal" and error["context"] == "c"
+    assert done["reason"] == "error" and stream.closed
+    assert metrics.contexts_total.value("error") == 1
+
+
+async def test_a_slow_consumer_ends_only_with_its_error() -> None:
+    wire = Wire(audio_limit_ms=50.0)
+    runner, _ = runner_for(wire)
+    runner.queue_segment("Plenty of audio for a small buffer.")
+    done = await wait_done(wire)
+    assert [e["code"] for e in wire.messages("error")] == ["slow_consumer"]
+    assert done["reason"] == "error"
+
+
+async def test_abandon_sends_nothing_and_closes_the_stream() -> None:
+    engine = FakeEngine(rate_hz=RATE_HZ, chunk_delay_s=0.05)
+    wire, metrics = Wire(), Metrics()
+    runner, stream = runner_for(wire, engine, metrics)
+    runner.queue_segment("Speaking to nobody for a while now.")
+    await asyncio.sleep(0.06)
+    await runner.abandon()
+    assert stream.closed and wire.messages("done") == []
+    assert metrics.contexts_total.value("disconnect") == 1
