@@ -16,6 +16,8 @@ from websockets.exceptions import ConnectionClosed
 
 from streamtts.config import Settings, leaves
 from streamtts.server.metrics import Metrics, parse_exposition
+from tests.app_server import serve_app
+from tests.fake_engine import FakeEngine
 from tests.servers import ServerProcess
 from tests.ws_client import StreamClient
 
@@ -169,21 +171,28 @@ async def test_engine_without_a_free_slot_is_the_same_outcome() -> None:
         server.stop()
 
 
-async def open_non_reading_client(server: ServerProcess) -> StreamClient:
+async def open_non_reading_client(port: int, ws_url: str) -> StreamClient:
     """A client whose socket buffers almost nothing and that does not read."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", server.port))
+    sock.connect(("127.0.0.1", port))
     sock.setblocking(False)
-    ws = await connect(server.ws_url + "/v1/stream", sock=sock, max_queue=1, max_size=None)
+    ws = await connect(ws_url + "/v1/stream", sock=sock, max_queue=1, max_size=None)
     return StreamClient(ws)
 
 
 async def test_a_slow_reader_loses_only_its_own_context() -> None:
-    server = ServerProcess(env={"STREAMTTS_MAX_OUTPUT_BUFFER_MS": "2000"})
-    try:
-        server.wait_ready()
-        slow = await open_non_reading_client(server)
+    """In process (the server's buffering is what is tested, not a model): a fake engine that
+    makes 25 ms of audio per character."""
+    engine = FakeEngine(samples_per_char=400)
+    settings = Settings().replace(max_output_buffer_ms=2000)
+    async with serve_app(engine, settings) as app, httpx.AsyncClient(base_url=app.url) as http:
+
+        async def figures() -> dict[str, float]:
+            return parse_exposition((await http.get("/metrics")).text)
+
+        port = int(app.url.rsplit(":", 1)[1])
+        slow = await open_non_reading_client(port, app.ws_url)
         fmt = {"encoding": "pcm_f32le", "sample_rate": 48000}  # 192 kB per second of audio
         await slow.send(type="start", context="slow", format=fmt)
         for _ in range(3):
@@ -192,15 +201,16 @@ async def test_a_slow_reader_loses_only_its_own_context() -> None:
 
         # Wait until the server gave up on it (the slow client still reads nothing).
         deadline = time.monotonic() + 60
-        while metrics(server.url).get('streamtts_errors_total{code="slow_consumer"}', 0) < 1:
+        while (await figures()).get('streamtts_errors_total{code="slow_consumer"}', 0) < 1:
             assert time.monotonic() < deadline, "no slow_consumer within 60 s"
             await asyncio.sleep(0.2)
-        figures = metrics(server.url)
-        assert figures["streamtts_active_contexts"] == 0  # its admission ticket is back
-        assert figures["streamtts_output_buffer_bytes"] == 0  # its queued audio is gone
+        after = await figures()
+        assert after["streamtts_active_contexts"] == 0  # its admission ticket is back
+        assert after["streamtts_output_buffer_bytes"] == 0  # its queued audio is gone
+        assert not engine.open_streams  # its engine stream was closed
 
         # Another client, meanwhile, is served normally.
-        other = await StreamClient.open(server.ws_url)
+        other = await StreamClient.open(app.ws_url)
         result = await other.speak("fine", "Other clients are not affected.")
         assert result.done is not None and result.done["reason"] == "end"
         assert len(result.audio) > 24_000
@@ -213,8 +223,6 @@ async def test_a_slow_reader_loses_only_its_own_context() -> None:
         assert result_slow.done is not None and result_slow.done["reason"] == "error"
         assert result_slow.messages.index(errors[0]) < result_slow.messages.index(result_slow.done)
         await slow.close()
-    finally:
-        server.stop()
 
 
 def test_every_setting_is_documented() -> None:
