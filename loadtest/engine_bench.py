@@ -8,6 +8,9 @@
 2. Real-time factor at 1, 2, 4... concurrent streams, each speaking a two-sentence paragraph:
    per stream, wall seconds from submit to the last PCM divided by audio seconds (< 1 = faster
    than real time); the worst stream is reported.
+3. With ``--reference-s 10``: TTFA of a voice cloned from 10 s of reference — its first use
+   (which prefills the reference), later uses (which copy its kept prefix) and the default
+   voice, alternating, medians of ``--runs``.
 (How the generator and the vocoder overlap is in ``streamtts bench``: ``overlap``.) Uses the
 engine's public API only.
 
@@ -24,9 +27,11 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
-from streamtts.engine.base import SynthesisOptions
+from streamtts.engine.base import ClonedVoice, SynthesisOptions
 from streamtts.fish.engine import FishEngine
 from streamtts.fish.settings import FishSettings
 
@@ -41,8 +46,8 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def ttfa_ms(engine: FishEngine) -> float:
-    stream = engine.open_stream("default", SynthesisOptions())
+async def ttfa_ms(engine: FishEngine, voice: str | ClonedVoice = "default") -> float:
+    stream = engine.open_stream(voice, SynthesisOptions())
     started_s = time.perf_counter()
     try:
         async for _ in stream.synthesize(SENTENCE_60_CHARS):
@@ -83,6 +88,45 @@ async def concurrency(engine: FishEngine, streams: int) -> dict[str, Any]:
     }
 
 
+def reference_audio(seconds: float, rate_hz: int = 44_100) -> npt.NDArray[np.float32]:
+    """A voiced-like test signal (a gliding harmonic tone with a syllable-rate envelope); the
+    synthetic model's codes of it cost what a real recording's do."""
+    t = np.arange(int(seconds * rate_hz)) / rate_hz
+    pitch = 120 + 30 * np.sin(2 * np.pi * 0.5 * t)
+    phase = 2 * np.pi * np.cumsum(pitch) / rate_hz
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)
+    return (0.2 * voiced * envelope).astype(np.float32)
+
+
+async def cloned_voice_ttfa(engine: FishEngine, reference_s: float, runs: int) -> dict[str, Any]:
+    """TTFA of a voice cloned from ``reference_s`` seconds: its first use (which prefills the
+    reference), later uses (which copy the kept prefix), and the default voice, in one run."""
+    started_s = time.perf_counter()
+    codes = await engine.encode_reference(reference_audio(reference_s), 44_100)
+    encode_s = time.perf_counter() - started_s
+    voice = ClonedVoice(
+        "bench", "This is the reference transcript, read slowly and clearly.", codes
+    )
+    log(f"  cloned voice: {codes.shape[1]} frames from {reference_s:g} s in {encode_s:.1f} s")
+    first = await ttfa_ms(engine, voice)
+    later, default = [], []
+    for i in range(runs):  # alternating, so both see the same machine
+        later.append(await ttfa_ms(engine, voice))
+        default.append(await ttfa_ms(engine))
+        log(f"  run {i + 1}/{runs}: cloned {later[-1]:.0f} ms, default {default[-1]:.0f} ms")
+    later_p50, default_p50 = statistics.median(later), statistics.median(default)
+    return {
+        "reference_s": reference_s,
+        "reference_frames": int(codes.shape[1]),
+        "encode_s": round(encode_s, 2),
+        "ttfa_ms_first_use": round(first, 1),
+        "ttfa_ms_later_p50": round(later_p50, 1),
+        "ttfa_ms_default_p50": round(default_p50, 1),
+        "later_over_default": round(later_p50 / default_p50, 3),
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = FishSettings(
         device=args.device, dtype=args.dtype, max_streams=max(args.streams), compile=args.compile
@@ -107,6 +151,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"  ttfa run {i + 1}/{args.runs}: {ttfa[-1]:.0f} ms")
     result["ttfa_ms_runs"] = [round(t, 1) for t in ttfa]
     result["ttfa_ms_p50"] = round(statistics.median(ttfa), 1)
+    if args.reference_s > 0:
+        result["cloned_voice"] = await cloned_voice_ttfa(engine, args.reference_s, args.runs)
     result["concurrency"] = []
     for n in args.streams:
         log(f"  {n} concurrent stream(s) ...")
@@ -127,6 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument(
         "--compile", action="store_true", help="compile the decode step (see docs/operations.md)"
+    )
+    parser.add_argument(
+        "--reference-s",
+        type=float,
+        default=0.0,
+        help="also time a voice cloned from this many seconds of reference (first use, later "
+        "uses, the default voice)",
     )
     parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args(argv)

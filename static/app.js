@@ -393,25 +393,132 @@ function log(kind, text) {
 
 // ---------------------------------------------------------------- voices, wiring
 
-async function loadVoices() {
+function authHeaders() {
   const token = $("token").value.trim();
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+async function loadVoices(select_id = null) {
   try {
-    const res = await fetch("/v1/voices", {
-      headers: token ? { Authorization: `Bearer ${token}` } : {},
-    });
+    const res = await fetch("/v1/voices", { headers: authHeaders() });
     if (!res.ok) throw new Error(`HTTP ${res.status}`);
     const body = await res.json();
     const select = $("voice");
+    const keep = select_id || select.value;
     select.replaceChildren();
+    const list = $("voice-list");
+    list.replaceChildren();
     for (const v of body.voices || []) {
-      const details = [v.language, v.engine].filter(Boolean).join(", ");
+      const details = [v.language, v.engine, v.cloned ? "cloned" : ""].filter(Boolean).join(", ");
       const label = `${v.name || v.id}${details ? ` (${details})` : ""}`;
       select.append(new Option(label, v.id, false, v.id === body.default));
+      if (v.cloned) list.append(voiceItem(v));
     }
     if (select.options.length === 0) select.append(new Option("default", "default"));
+    if (keep && [...select.options].some((o) => o.value === keep)) select.value = keep;
     log("info", `${select.options.length} voice(s)`);
   } catch (err) {
     log("error", `could not list voices: ${err.message}`);
+  }
+}
+
+function voiceItem(v) {
+  const item = document.createElement("li");
+  item.dataset.voice = v.id;
+  const label = document.createElement("span");
+  label.textContent = `${v.name} (${v.id}, ${v.duration_s} s)`;
+  const remove = document.createElement("button");
+  remove.type = "button";
+  remove.textContent = "Delete";
+  remove.setAttribute("aria-label", `Delete voice ${v.name}`);
+  remove.addEventListener("click", () => deleteVoice(v.id));
+  item.append(label, remove);
+  return item;
+}
+
+async function deleteVoice(id) {
+  const res = await fetch(`/v1/voices/${encodeURIComponent(id)}`, {
+    method: "DELETE",
+    headers: authHeaders(),
+  });
+  if (res.status === 204) {
+    log("info", `voice ${id} deleted`);
+  } else {
+    log("error", `could not delete ${id}: ${await errorText(res)}`);
+  }
+  await loadVoices();
+}
+
+async function errorText(res) {
+  try {
+    const body = await res.json();
+    return body.error ? `${body.error.code}: ${body.error.message}` : `HTTP ${res.status}`;
+  } catch {
+    return `HTTP ${res.status}`;
+  }
+}
+
+let recorded = null; // a Blob from the microphone, used when no file is chosen
+let recorder = null;
+
+async function toggleRecording() {
+  const button = $("voice-record");
+  if (recorder) {
+    recorder.stop();
+    return;
+  }
+  if (!navigator.mediaDevices || !window.MediaRecorder) {
+    $("voice-status").textContent = "This browser cannot record here; choose a file.";
+    return;
+  }
+  try {
+    const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+    const chunks = [];
+    recorder = new MediaRecorder(stream);
+    recorder.addEventListener("dataavailable", (e) => chunks.push(e.data));
+    recorder.addEventListener("stop", () => {
+      recorded = new Blob(chunks, { type: recorder.mimeType });
+      stream.getTracks().forEach((t) => t.stop());
+      recorder = null;
+      button.textContent = "Record";
+      $("voice-status").textContent = `Recorded ${(recorded.size / 1024).toFixed(0)} KB.`;
+    });
+    recorder.start();
+    button.textContent = "Stop recording";
+    $("voice-status").textContent = "Recording… read your transcript aloud.";
+  } catch (err) {
+    $("voice-status").textContent = `No microphone: ${err.message}`;
+  }
+}
+
+async function addVoice() {
+  const status = $("voice-status");
+  const file = $("voice-audio").files[0];
+  const audio = file || recorded;
+  if (!audio) {
+    status.textContent = "Choose a recording (or record one) first.";
+    return;
+  }
+  const form = new FormData();
+  form.append("audio", audio, file ? file.name : "recording.webm");
+  form.append("text", $("voice-text").value);
+  if ($("voice-name").value.trim()) form.append("name", $("voice-name").value.trim());
+  $("voice-add").disabled = true;
+  status.textContent = "Encoding the voice…";
+  try {
+    const res = await fetch("/v1/voices", { method: "POST", body: form, headers: authHeaders() });
+    if (res.status !== 201) {
+      status.textContent = `Not added: ${await errorText(res)}`;
+      return;
+    }
+    const voice = await res.json();
+    status.textContent = `Added ${voice.name} (${voice.id}).`;
+    log("info", `voice ${voice.id} added`);
+    $("voice-form").reset();
+    recorded = null;
+    await loadVoices(voice.id);
+  } finally {
+    $("voice-add").disabled = false;
   }
 }
 
@@ -431,6 +538,11 @@ $("text").addEventListener("keydown", (event) => {
 document.addEventListener("keydown", (event) => {
   if (event.key === "Escape" && current) cancel(current);
 });
-$("token").addEventListener("change", loadVoices);
+$("token").addEventListener("change", () => loadVoices());
+$("voice-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  addVoice();
+});
+$("voice-record").addEventListener("click", toggleRecording);
 
 loadVoices();

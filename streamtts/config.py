@@ -2,10 +2,10 @@
 ``STREAMTTS_<NAME>`` environment variables and CLI flags (flags win).
 
 Every setting is defined once, in the section that owns it: :class:`Limits`, the segmenter's
-:class:`SegmenterOptions`, the runtimes' :class:`FishSettings` and :class:`PiperSettings`, and
-the server's own fields here. The environment names stay flat (``STREAMTTS_MAX_STREAMS``, not
-``STREAMTTS_FISH_MAX_STREAMS``): leaf names are unique across sections. Every default and
-outcome is documented in docs/operations.md.
+:class:`SegmenterOptions`, the runtimes' :class:`FishSettings` and :class:`PiperSettings`, the
+voice library's :class:`VoiceSettings`, and the server's own fields here. The environment
+names stay flat (``STREAMTTS_MAX_STREAMS``, not ``STREAMTTS_FISH_MAX_STREAMS``): leaf names are
+unique across sections. Every default and outcome is documented in docs/operations.md.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from streamtts.fish.settings import FishSettings
 from streamtts.limits import Limits
 from streamtts.piper.settings import PiperSettings
 from streamtts.segmenter import SegmenterOptions
+from streamtts.voices.settings import VoiceSettings
 
 ENV_PREFIX = "STREAMTTS_"
 
@@ -53,6 +54,7 @@ class Settings:
     segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)
     fish: FishSettings = field(default_factory=FishSettings)
     piper: PiperSettings = field(default_factory=PiperSettings)
+    voices: VoiceSettings = field(default_factory=VoiceSettings)
 
     def __post_init__(self) -> None:
         require_bounds(self)

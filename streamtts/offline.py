@@ -12,6 +12,7 @@ from streamtts.config import Settings
 from streamtts.engine.factory import create_engine
 from streamtts.options import parse_options
 from streamtts.segmenter import segment_text
+from streamtts.voices.catalog import DEFAULT_VOICE_ALIAS, VoiceCatalog
 
 
 async def synthesize_to_wav(
@@ -22,7 +23,9 @@ async def synthesize_to_wav(
     engine = create_engine(settings)
     await engine.start()
     try:
-        stream = engine.open_stream(voice or engine.default_voice, options)
+        voices = VoiceCatalog(engine, settings.voices)  # cloned voices of the library too
+        await voices.refresh()
+        stream = engine.open_stream(voices.resolve(voice or DEFAULT_VOICE_ALIAS), options)
         pieces: list[np.ndarray] = []
         for segment in segment_text(text, settings.segmenter):
             async for pcm in stream.synthesize(segment):
@@ -35,6 +38,6 @@ async def synthesize_to_wav(
     with wave.open(str(output), "wb") as wav:
         wav.setnchannels(1)
         wav.setsampwidth(2)
-        wav.setframerate(engine.sample_rate)
+        wav.setframerate(stream.sample_rate)
         wav.writeframes(encode_samples(audio, "pcm_s16le"))
-    return audio.size / engine.sample_rate
+    return audio.size / stream.sample_rate

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 from streamtts.limits import Limits
 from streamtts.options import SynthesisOptions
@@ -103,9 +104,15 @@ class _Context:
     text_chars: int = 0
 
 
+class VoiceNames(Protocol):
+    """The voice ids a session may open (a set, or the server's voice catalog)."""
+
+    def __contains__(self, voice_id: object) -> bool: ...
+
+
 @dataclass
 class Session:
-    voices: frozenset[str]
+    voices: VoiceNames
     default_voice: str
     segmenter_options: SegmenterOptions
     limits: Limits = field(default_factory=Limits)

@@ -4,6 +4,7 @@ engine of the test's choosing (the ``create_app(engine=...)`` seam)."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ class RunningApp:
 async def serve_app(engine: Engine, settings: Settings | None = None) -> AsyncIterator[RunningApp]:
     port = free_port()
     settings = (settings or Settings()).replace(port=port)
+    if not settings.voices.data_dir and not settings.voices.voices_dir:
+        settings = settings.replace(data_dir=tempfile.mkdtemp(prefix="streamtts-test-"))
     app = create_app(settings, engine)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)

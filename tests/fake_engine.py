@@ -12,6 +12,8 @@ import numpy as np
 
 from streamtts.engine.base import (
     Capacity,
+    ClonedVoice,
+    Codes,
     Engine,
     EngineStream,
     OverloadedError,
@@ -39,8 +41,13 @@ class FakeEngine(Engine):
         chunk_samples: int = 1600,
         chunk_delay_s: float = 0.0,
         slots: int | None = None,
+        clones: bool = False,
+        codec: str = "fake-codec",
     ) -> None:
         self.kind = kind  # type: ignore[misc]  # which engine of the option table it plays
+        self.supports_cloning = clones  # type: ignore[misc]
+        self._codec = codec
+        self.forgotten: list[str] = []
         self._rate_hz = rate_hz
         self.samples_per_char = samples_per_char
         self.chunk_samples = chunk_samples
@@ -48,6 +55,7 @@ class FakeEngine(Engine):
         self._slots = slots
         self.open_streams: set[FakeStream] = set()
         self.opened: list[SynthesisOptions] = []
+        self.cloned_voices_opened: list[ClonedVoice] = []
         self.started = False
 
     @property
@@ -75,8 +83,24 @@ class FakeEngine(Engine):
     def describe(self) -> dict[str, Any]:
         return {"engine": self.kind, "model": "fake"}
 
-    def _open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
-        if voice != VOICE:
+    def codec_id(self) -> str | None:
+        return self._codec if self.supports_cloning else None
+
+    async def encode_reference(self, samples: PcmF32, rate_hz: int) -> Codes:
+        """21.5 frames per second of reference, each code the frame's loudness (not a codec)."""
+        if not self.supports_cloning:
+            return await super().encode_reference(samples, rate_hz)
+        frames = max(1, int(samples.size / rate_hz * 21.5))
+        loud = np.abs(samples[: frames * (samples.size // frames)]).reshape(frames, -1).mean(1)
+        return np.repeat((loud * 999).astype(np.int32)[None], 8, axis=0)
+
+    def forget_voice(self, voice_id: str) -> None:
+        self.forgotten.append(voice_id)
+
+    def _open_stream(self, voice: str | ClonedVoice, options: SynthesisOptions) -> EngineStream:
+        if isinstance(voice, ClonedVoice):
+            self.cloned_voices_opened.append(voice)
+        elif voice != VOICE:
             raise UnknownVoiceError(f"unknown voice {voice!r}")
         if self._slots is not None and len(self.open_streams) >= self._slots:
             raise OverloadedError("all fake slots are busy")
@@ -89,6 +113,7 @@ class FakeEngine(Engine):
 class FakeStream(EngineStream):
     def __init__(self, engine: FakeEngine) -> None:
         self._engine = engine
+        self.sample_rate = engine.sample_rate
         self.cancelled = threading.Event()
         self.closed = False
         self.segments: list[str] = []

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +36,12 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [*cmd, "--port", str(self.port), *args],
             cwd=REPO_DIR,
-            env={**os.environ, **(env or {})},
+            # Never the user's own data folder: a fresh one unless the test gives one.
+            env={
+                "STREAMTTS_DATA_DIR": tempfile.mkdtemp(prefix="streamtts-test-"),
+                **os.environ,
+                **(env or {}),
+            },
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )

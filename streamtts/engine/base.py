@@ -18,6 +18,7 @@ wire codes in one place (``streamtts.server.errors``).
 from __future__ import annotations
 
 import abc
+import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -28,14 +29,19 @@ import numpy.typing as npt
 from streamtts.options import OptionError, SynthesisOptions, refuse_unhonoured
 
 PcmF32 = npt.NDArray[np.float32]
+Codes = npt.NDArray[np.int32]
 
 __all__ = [
     "Capacity",
+    "ClonedVoice",
+    "CloningNotSupportedError",
+    "Codes",
     "Engine",
     "EngineError",
     "EngineNotReadyError",
     "EngineStream",
     "InvalidOptionError",
+    "InvalidReferenceError",
     "OverloadedError",
     "PcmF32",
     "StreamStats",
@@ -74,6 +80,31 @@ class SynthesisError(EngineError):
     """A segment's synthesis failed inside the engine."""
 
 
+class CloningNotSupportedError(EngineError):
+    """This engine cannot speak in a voice given by a reference recording."""
+
+
+class InvalidReferenceError(EngineError):
+    """A reference recording the engine cannot make a voice of."""
+
+
+@dataclass(frozen=True, eq=False)
+class ClonedVoice:
+    """A voice given by a reference recording: its transcript and the codec codes the engine
+    made of the recording (:meth:`Engine.encode_reference`). ``key`` names its content (the
+    engine caches its prompt under it)."""
+
+    id: str
+    text: str
+    codes: Codes  # [codebooks, frames]
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256(self.text.encode())
+        digest.update(np.ascontiguousarray(self.codes, dtype=np.int32).tobytes())
+        return f"{self.id}:{digest.hexdigest()[:16]}"
+
+
 @dataclass(frozen=True)
 class VoiceInfo:
     id: str
@@ -106,6 +137,7 @@ class EngineStream(abc.ABC):
     """One utterance stream inside an engine."""
 
     stats: StreamStats
+    sample_rate: int  # of the PCM it yields (its voice's rate)
 
     @abc.abstractmethod
     def synthesize(self, text: str) -> AsyncIterator[PcmF32]:
@@ -132,6 +164,8 @@ class Engine(abc.ABC):
 
     # Which engine of the option table this is ("fish", "piper"): the options it honours.
     kind: ClassVar[str]
+    # Whether it speaks in voices given by reference recordings (ClonedVoice).
+    supports_cloning: ClassVar[bool] = False
     name: str
 
     @property
@@ -154,19 +188,40 @@ class Engine(abc.ABC):
     async def stop(self) -> None:
         """Stop workers; in-flight streams end."""
 
-    def open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
-        """Open a stream for ``voice``, or refuse at once (never blocks):
-        :class:`InvalidOptionError` for an option this engine cannot honour,
-        :class:`UnknownVoiceError`, :class:`OverloadedError`, :class:`EngineNotReadyError`."""
+    def open_stream(self, voice: str | ClonedVoice, options: SynthesisOptions) -> EngineStream:
+        """Open a stream for ``voice`` (a built-in voice id, or a cloned voice), or refuse at
+        once (never blocks): :class:`InvalidOptionError` for an option this engine cannot
+        honour, :class:`UnknownVoiceError`, :class:`CloningNotSupportedError`,
+        :class:`OverloadedError`, :class:`EngineNotReadyError`."""
         try:
             refuse_unhonoured(options, self.kind)
         except OptionError as exc:
             raise InvalidOptionError(exc.option, exc.message) from None
+        if isinstance(voice, ClonedVoice) and not self.supports_cloning:
+            raise CloningNotSupportedError(f"the {self.kind} engine cannot clone voices")
         return self._open_stream(voice, options)
 
     @abc.abstractmethod
-    def _open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
+    def _open_stream(self, voice: str | ClonedVoice, options: SynthesisOptions) -> EngineStream:
         """:meth:`open_stream` once the options are known to be honoured."""
+
+    async def encode_reference(self, samples: PcmF32, rate_hz: int) -> Codes:
+        """The codes of a reference recording (mono float32 at ``rate_hz``), for a
+        :class:`ClonedVoice`; computed on a worker thread."""
+        raise CloningNotSupportedError(f"the {self.kind} engine cannot clone voices")
+
+    def codec_id(self) -> str | None:
+        """What makes this engine's reference codes (a stored voice made by another codec is
+        not used); ``None`` when it does not clone."""
+        return None
+
+    def forget_voice(self, voice_id: str) -> None:
+        """A cloned voice was deleted: drop what the engine keeps of it (cached prompts)."""
+        return None
+
+    async def refresh_voices(self) -> None:
+        """Look again for voices the engine finds by itself (e.g. Piper models in a folder)."""
+        return None
 
     def healthy(self) -> bool:
         """False once a worker thread has died: the process should stop being ready."""

@@ -19,7 +19,7 @@ def create_engine(settings: Settings) -> Engine:
     if piper is not None:
         from streamtts.piper.engine import PiperEngine
 
-        return PiperEngine(piper, settings.piper)
+        return PiperEngine(piper, settings.piper, settings.voices.library_dir())
     fish = FishSpec.parse(spec)
     if fish is not None:
         from streamtts.fish.engine import FishEngine

@@ -26,7 +26,8 @@ MIN_FRAMES_ROOM = 64
 class Plan:
     prompt: torch.Tensor  # [C+1, L]
     prefill_from: int  # the first prompt column the slot does not hold yet (< L)
-    copy_prefix: bool  # the slot holds nothing: copy the shared prefix's keys/values first
+    copy_prefix: bool  # copy the voice prefix's cached keys/values into the slot first
+    keep_prefix: bool  # the prefix is not cached: keep it once this prompt is prefilled
 
 
 @dataclass
@@ -38,11 +39,20 @@ class Conversation:
     history: list[torch.Tensor] = field(default_factory=list)
 
     def plan(
-        self, prefix: torch.Tensor, turn: torch.Tensor, max_prompt_tokens: int, max_seq_len: int
+        self,
+        prefix: torch.Tensor,
+        turn: torch.Tensor,
+        max_prompt_tokens: int,
+        max_seq_len: int,
+        prefix_cached: bool = True,
     ) -> Plan:
-        """Add ``turn`` to the history and plan its segment's prompt."""
-        copy_prefix = self.cached_tokens is None
-        cached = prefix if self.cached_tokens is None else self.cached_tokens
+        """Add ``turn`` to the history and plan its segment's prompt. ``prefix_cached``: the
+        voice prefix's keys/values are cached (else the first segment prefills it)."""
+        first = self.cached_tokens is None
+        if self.cached_tokens is not None:
+            cached = self.cached_tokens
+        else:
+            cached = prefix if prefix_cached else prefix[:, :0]
         self.history.append(turn)
         prompt = segment_prompt(prefix, self.history, max_prompt_tokens)
         if prompt.shape[1] + MIN_FRAMES_ROOM > max_seq_len:
@@ -55,7 +65,7 @@ class Conversation:
         self.cached_tokens = cached
         # At least the last column is prefilled: its logits start the segment.
         prefill_from = min(common_prefix(cached, prompt), prompt.shape[1] - 1)
-        return Plan(prompt, prefill_from, copy_prefix)
+        return Plan(prompt, prefill_from, first and prefix_cached, first and not prefix_cached)
 
     def prefilled(self, prompt: torch.Tensor) -> None:
         """The slot now holds ``prompt``."""

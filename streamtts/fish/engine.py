@@ -18,14 +18,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+import numpy as np
 import torch
 
 from streamtts.engine.base import (
     Capacity,
+    ClonedVoice,
+    Codes,
     Engine,
     EngineNotReadyError,
     EngineStream,
     InvalidOptionError,
+    InvalidReferenceError,
     OverloadedError,
     PcmF32,
     StreamStats,
@@ -47,6 +51,7 @@ from streamtts.fish.load import load_fish_bundle, prepare_llm
 from streamtts.fish.settings import INT8, FishSettings
 from streamtts.fish.spec import FishSpec
 from streamtts.fish.vocoder import VocoderStream, VocoderWorker
+from streamtts.models.fish.codec.encoder import FireflyEncoder, encode_reference
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
 from streamtts.models.fish.llm.generate import FastCodes, SlowStep
 from streamtts.models.fish.llm.llama import DualARTransformer
@@ -80,6 +85,8 @@ class ModelPasses:
 class _Loaded:
     generator: GeneratorWorker
     vocoder: VocoderWorker
+    encoder: FireflyEncoder
+    codec_id: str
     synthetic: bool
     frame_s: float
     sample_rate: int
@@ -89,6 +96,7 @@ class _Loaded:
 
 class FishEngine(Engine):
     kind = FISH
+    supports_cloning = True
 
     def __init__(
         self, spec: str | FishSpec, settings: FishSettings, job_hook: JobHook | None = None
@@ -121,9 +129,8 @@ class FishEngine(Engine):
         bundle = load_fish_bundle(self._spec, device, dtype)
         model = bundle.llm.model
         prepare_llm(model, s)
-        cache = model.allocate_cache(
-            s.max_streams + 1, min(s.context_tokens, model.config.max_seq_len)
-        )
+        # One slot per stream; voice prefixes are kept apart (see streamtts.fish.prefixes).
+        cache = model.allocate_cache(s.max_streams, min(s.context_tokens, model.config.max_seq_len))
         context = DeviceContext(device)
         tokenizer = bundle.llm.tokenizer
         decoder = IncrementalDecoder(bundle.decoder, device, dtype)
@@ -143,6 +150,8 @@ class FishEngine(Engine):
         return _Loaded(
             generator,
             vocoder,
+            bundle.encoder,
+            bundle.codec_id,
             self._spec.synthetic,
             frame_s=decoder.samples_per_frame / decoder.sample_rate,
             sample_rate=decoder.sample_rate,
@@ -187,6 +196,31 @@ class FishEngine(Engine):
     def default_voice(self) -> str:
         return DEFAULT_VOICE_ID
 
+    def codec_id(self) -> str | None:
+        return self._ready().codec_id
+
+    async def encode_reference(self, samples: PcmF32, rate_hz: int) -> Codes:
+        """The reference's codes [8, T], by the Firefly encoder on a thread of its own.
+
+        Not on the generator's thread: encoding 30 s of audio takes seconds on a CPU, and the
+        streams being generated would stall for that long; alongside, they only slow down."""
+        loaded = self._ready()
+        context = DeviceContext(loaded.device)
+
+        def encode() -> Codes:
+            with context.worker_stream("fish-encode"), torch.inference_mode():
+                codes = encode_reference(loaded.encoder, samples, rate_hz)
+                return codes.cpu().numpy().astype(np.int32)
+
+        try:
+            return await run_on_own_thread(encode, "fish-encode")
+        except ValueError as exc:  # e.g. shorter than one analysis window
+            raise InvalidReferenceError(str(exc)) from exc
+
+    def forget_voice(self, voice_id: str) -> None:
+        if self._loaded is not None:
+            self._loaded.generator.forget_voice(voice_id)
+
     def capacity(self) -> Capacity:
         if self._loaded is None:
             return Capacity()
@@ -224,14 +258,15 @@ class FishEngine(Engine):
             raise EngineNotReadyError("the engine is not started")
         return self._loaded
 
-    def _open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
-        if voice != DEFAULT_VOICE_ID:
+    def _open_stream(self, voice: str | ClonedVoice, options: SynthesisOptions) -> EngineStream:
+        if isinstance(voice, str) and voice != DEFAULT_VOICE_ID:
             raise UnknownVoiceError(f"unknown voice {voice!r}")
         loaded = self._ready()
         if self._fatal is not None:
             raise EngineNotReadyError("the engine has failed; see the server log")
         params = _sampling_params(options)
-        slot = loaded.generator.acquire(loaded.frame_s)
+        cloned = voice if isinstance(voice, ClonedVoice) else None
+        slot = loaded.generator.acquire(loaded.frame_s, cloned)
         if slot is None:
             raise OverloadedError(
                 f"all {loaded.generator.capacity} streams are busy; try again shortly"
@@ -242,6 +277,7 @@ class FishEngine(Engine):
             options.chunk_frames or s.chunk_frames,
         )
         return FishStream(
+            sample_rate=loaded.sample_rate,
             generator=loaded.generator,
             vocoder=loaded.vocoder,
             slot=slot,
@@ -278,6 +314,7 @@ def _or(value: float | None, default: float) -> float:
 class FishStream(EngineStream):
     def __init__(
         self,
+        sample_rate: int,
         generator: GeneratorWorker,
         vocoder: VocoderWorker,
         slot: StreamSlot,
@@ -286,6 +323,7 @@ class FishStream(EngineStream):
         max_frames: int,
         synthetic: bool,
     ) -> None:
+        self.sample_rate = sample_rate
         self._generator = generator
         self._vocoder = vocoder
         self._slot = slot

@@ -6,8 +6,8 @@ position in its own KV slot, with its own sampling parameters and random generat
 finished frames to the vocoder by the chunk schedule. Which prompt and which batch is the
 :class:`~streamtts.fish.scheduler.Scheduler`'s choice. Streams keep their KV slot between
 segments, so a new segment only prefills what its prompt adds to the cached tokens (see
-:mod:`streamtts.fish.conversation`); the shared system prompt is prefilled once into a
-reserved slot and copied.
+:mod:`streamtts.fish.conversation`); a voice's prefix (system prompt and reference turns) is
+prefilled once, kept (see :mod:`streamtts.fish.prefixes`) and copied.
 
 All torch work of the LLM happens on this thread (on its own CUDA stream when on a GPU).
 """
@@ -22,10 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
+from streamtts.engine.base import ClonedVoice
 from streamtts.engine.worker import OnFatal, Worker, each_alone
 from streamtts.fish.compiled import CompiledFastCodes, compile_slow_step, compiles_slow_step
 from streamtts.fish.devices import DeviceContext, fulfil
 from streamtts.fish.jobs import Phase, SegmentJob, StreamSlot
+from streamtts.fish.prefixes import VoicePrefixes
 from streamtts.fish.scheduler import Scheduler
 from streamtts.fish.settings import FishSettings
 from streamtts.fish.slots import SlotPool
@@ -58,12 +60,17 @@ class _Release:
 
 
 @dataclass(frozen=True)
+class _Forget:
+    voice_id: str
+
+
+@dataclass(frozen=True)
 class _Call:
     fn: Callable[[], object]
     future: Future[object]  # gets fn's result or error; the generator carries on either way
 
 
-_Command = _Submit | _Release | _Call
+_Command = _Submit | _Release | _Forget | _Call
 
 
 class GeneratorWorker(Worker[_Command]):
@@ -88,7 +95,7 @@ class GeneratorWorker(Worker[_Command]):
         self._after_iteration = after_iteration  # e.g. the inline vocoder's drain
         self._slots = SlotPool(cache.slots)
         self._scheduler = Scheduler(settings.max_lead_s)
-        self._prefix_tokens = prompts.prefix()  # [C+1, P0], on the CPU
+        self._prefixes = VoicePrefixes(prompts, settings.max_cached_voices)
         self._windows = RepetitionWindows(cache.slots, model.config.num_codebooks + 1, model.device)
         self._jobs: list[SegmentJob] = []
         self._fast: FastCodes = fast_codes
@@ -121,10 +128,15 @@ class GeneratorWorker(Worker[_Command]):
     def free_slots(self) -> int:
         return self._slots.free
 
-    def acquire(self, frame_s: float) -> StreamSlot | None:
-        """A slot for a new stream, or None when all are taken."""
+    def acquire(self, frame_s: float, voice: ClonedVoice | None = None) -> StreamSlot | None:
+        """A slot for a new stream of ``voice`` (None: the default), or None when all are
+        taken."""
         slot = self._slots.acquire()
-        return None if slot is None else StreamSlot(slot, frame_s)
+        return None if slot is None else StreamSlot(slot, frame_s, voice)
+
+    def forget_voice(self, voice_id: str) -> None:
+        """Drop the cached prefix of a deleted voice (streams using it keep their own copy)."""
+        self.post(_Forget(voice_id))
 
     def submit(self, job: SegmentJob) -> None:
         self.post(_Submit(job))
@@ -173,14 +185,18 @@ class GeneratorWorker(Worker[_Command]):
             self.compile_s.update(slow_s)
 
     def _prefill_prefix(self) -> None:
-        prefix = self._prefix_tokens.to(self._model.device)
-        self._model.prefill(self._cache, prefix, self._slots.prefix_slot, 0)
+        """The default voice's prefix, prefilled through slot 0 (free until a stream takes it)."""
+        prefix = self._prefixes.tokens(None).to(self._model.device)
+        self._model.prefill(self._cache, prefix, 0, 0)
+        self._prefixes.keep(None, self._cache, 0)
 
     def _apply(self, command: _Command) -> None:
         if isinstance(command, _Submit):
             self._jobs.append(command.job)
         elif isinstance(command, _Release):
             self._jobs = [j for j in self._jobs if j.stream is not command.stream]
+        elif isinstance(command, _Forget):
+            self._prefixes.forget(command.voice_id)
         else:
             fulfil(command.future, command.fn)
 
@@ -228,6 +244,8 @@ class GeneratorWorker(Worker[_Command]):
             self._model, self._cache, chunk, stream.slot, sampling, job.prefill_pos, stream.rng
         )
         stream.conversation.prefilled(job.prompt)
+        if job.keep_prefix:
+            self._prefixes.keep(stream.voice, self._cache, stream.slot)
         self._windows.reset(stream.slot)
         job.prefill_pos = total
         job.frames.append(first)
@@ -240,16 +258,17 @@ class GeneratorWorker(Worker[_Command]):
         if job.params.seed is not None and stream.rng is None:
             stream.rng = torch.Generator(self._model.device).manual_seed(job.params.seed)
         plan = stream.conversation.plan(
-            self._prefix_tokens,
+            self._prefixes.tokens(stream.voice),
             self._prompts.turn(job.text),
             self._cache.max_seq_len,
             self._cache.max_seq_len,
+            prefix_cached=self._prefixes.cached(stream.voice),
         )
         if plan.copy_prefix:
-            length = self._prefix_tokens.shape[1]
-            self._cache.copy_prefix(self._slots.prefix_slot, stream.slot, length)
+            self._prefixes.copy_into(stream.voice, self._cache, stream.slot)
         job.prompt = plan.prompt
         job.prefill_pos = plan.prefill_from
+        job.keep_prefix = plan.keep_prefix
 
     # ---- decode ----
 

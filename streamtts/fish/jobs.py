@@ -18,6 +18,7 @@ from enum import Enum
 
 import torch
 
+from streamtts.engine.base import ClonedVoice
 from streamtts.fish.conversation import Conversation
 from streamtts.models.fish.llm.sampling import SamplingParams
 
@@ -41,6 +42,7 @@ class StreamSlot:
 
     slot: int
     frame_s: float  # seconds of audio per frame (the vocoder's geometry)
+    voice: ClonedVoice | None = None  # None: the model's default voice
     conversation: Conversation = field(default_factory=Conversation)
     # The stream's one cancel token: the generator drops its jobs, the vocoder its chunks.
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -81,6 +83,7 @@ class SegmentJob:
     phase: Phase = Phase.PREFILL
     prompt: torch.Tensor | None = None  # [C+1, L], built on the generator thread (CPU)
     prefill_pos: int = 0  # next prompt column to prefill
+    keep_prefix: bool = False  # keep the voice prefix's keys/values once prefilled
     frames: list[torch.Tensor] = field(default_factory=list)  # generated [C+1] columns (device)
     sent_frames: int = 0  # of ``frames[1:]`` already handed to the vocoder
     finished: bool = False

@@ -6,8 +6,10 @@ downloaded), or ``synthetic:<size>`` (the same architectures with seeded random 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -15,6 +17,7 @@ from streamtts.fish.settings import INT8, FishSettings
 from streamtts.fish.spec import FishSpec
 from streamtts.models.fish.codec.config import VocoderConfig
 from streamtts.models.fish.codec.decoder import FireflyDecoder
+from streamtts.models.fish.codec.encoder import FireflyEncoder
 from streamtts.models.fish.codec.firefly import GENERATOR_FILENAME, load_firefly
 from streamtts.models.fish.llm.checkpoint import FishLLM, load_fish_llm
 from streamtts.models.fish.llm.llama import DualARTransformer, fuse_gate_up_
@@ -40,16 +43,34 @@ class FishBundle:
     spec: FishSpec
     llm: FishLLM
     decoder: FireflyDecoder
+    encoder: FireflyEncoder  # for voice references
+    codec_id: str  # what makes the reference codes (a voice of another codec is not used)
 
 
 def load_fish_bundle(spec: FishSpec, device: torch.device, dtype: torch.dtype) -> FishBundle:
     if spec.synthetic_size is not None:
-        llm = load_synthetic(spec.synthetic_size, dtype, device, seed=SYNTHETIC_SEED)
-        return FishBundle(spec, llm, synthetic_decoder(spec.synthetic_size, device))
+        size = spec.synthetic_size
+        llm = load_synthetic(size, dtype, device, seed=SYNTHETIC_SEED)
+        decoder, encoder = synthetic_codec(size, device)
+        return FishBundle(spec, llm, decoder, encoder, f"synthetic:{size}:seed{SYNTHETIC_SEED}")
     assert spec.directory is not None
     llm = load_fish_llm(spec.directory, dtype, device)
-    firefly = load_firefly(spec.directory / GENERATOR_FILENAME, device=device, with_encoder=False)
-    return FishBundle(spec, llm, firefly.decoder)
+    path = spec.directory / GENERATOR_FILENAME
+    firefly = load_firefly(path, device=device, with_encoder=True)
+    assert firefly.encoder is not None
+    return FishBundle(spec, llm, firefly.decoder, firefly.encoder, file_fingerprint(path))
+
+
+def file_fingerprint(path: Path, edge_bytes: int = 1 << 22) -> str:
+    """A name for a weights file's content: its size and the digest of its first and last
+    ``edge_bytes`` (hashing all 180 MB at every start would cost a second)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as f:
+        digest.update(f.read(edge_bytes))
+        f.seek(max(0, size - edge_bytes))
+        digest.update(f.read(edge_bytes))
+    return f"firefly:{digest.hexdigest()[:24]}"
 
 
 def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
@@ -65,10 +86,15 @@ def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
         log.info("packed %d linear layers into oneDNN's layout", packed)
 
 
-def synthetic_decoder(size: str, device: torch.device) -> FireflyDecoder:
+def synthetic_codec(size: str, device: torch.device) -> tuple[FireflyDecoder, FireflyEncoder]:
+    """The Firefly decoder and encoder of ``synthetic:<size>`` with seeded random weights."""
     config = VocoderConfig() if size != "tiny" else VocoderConfig.from_hydra(_TINY_VOCODER)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SYNTHETIC_SEED + 100)
         decoder = FireflyDecoder(config)
+        encoder = FireflyEncoder(config)
     decoder.refresh()
-    return decoder.to(device).eval().requires_grad_(False)
+    return (
+        decoder.to(device).eval().requires_grad_(False),
+        encoder.to(device).eval().requires_grad_(False),
+    )

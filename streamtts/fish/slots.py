@@ -1,4 +1,4 @@
-"""The KV-cache slots: one per live stream, plus one reserved for the shared prompt prefix.
+"""The KV-cache slots: one per live stream (voice prefixes are kept apart, see prefixes).
 
 Taken and given back from any thread (the event loop opens and closes streams); only integers
 here, no tensors.
@@ -11,11 +11,10 @@ import threading
 
 class SlotPool:
     def __init__(self, cache_slots: int) -> None:
-        if cache_slots < 2:
-            raise ValueError("a cache needs one slot for the prefix and one for a stream")
-        self.prefix_slot = cache_slots - 1
-        self.capacity = cache_slots - 1
-        self._free = list(range(self.capacity))
+        if cache_slots < 1:
+            raise ValueError("a cache needs a slot")
+        self.capacity = cache_slots
+        self._free = list(range(cache_slots))
         self._lock = threading.Lock()
 
     @property

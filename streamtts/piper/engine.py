@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from streamtts.engine.base import (
+    ClonedVoice,
     Engine,
     EngineNotReadyError,
     EngineStream,
@@ -27,6 +29,8 @@ from streamtts.engine.handoff import PcmHandoff
 from streamtts.options import PIPER
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
+
+log = logging.getLogger(__name__)
 
 BUNDLED_VOICE_ID = "en_US-joe-medium"
 
@@ -47,10 +51,16 @@ def bundled_voice_paths() -> tuple[Path, Path]:
 
 
 class PiperEngine(Engine):
+    """The voice named by the spec (the bundled one by default), plus every Piper model
+    (``*.onnx`` with its ``*.onnx.json``) in ``voices_dir``, found at start and by
+    :meth:`refresh_voices` (a model removed from the folder stops being offered)."""
+
     kind = PIPER
     name = PIPER
 
-    def __init__(self, spec: PiperSpec, settings: PiperSettings) -> None:
+    def __init__(
+        self, spec: PiperSpec, settings: PiperSettings, voices_dir: Path | None = None
+    ) -> None:
         model_path = spec.model_path
         if model_path is None:
             self._model_path, self._config_path = bundled_voice_paths()
@@ -58,21 +68,23 @@ class PiperEngine(Engine):
             self._model_path = model_path
             self._config_path = model_path.with_suffix(model_path.suffix + ".json")
         self._voice_id = self._model_path.name.removesuffix(".onnx")
+        self._voices_dir = voices_dir
         self._executor = ThreadPoolExecutor(settings.engine_threads, thread_name_prefix="piper")
-        self._voice: Any = None
+        self._loaded: dict[str, Any] = {}  # voice id -> PiperVoice
+        self._refresh_lock = asyncio.Lock()
 
     @property
     def sample_rate(self) -> int:
-        if self._voice is None:
-            raise EngineNotReadyError("the engine is not started")
-        return int(self._voice.config.sample_rate)
+        return _rate_hz(self._voice(self._voice_id))
 
     def describe(self) -> dict[str, Any]:
         return {"engine": PIPER, "model": str(self._model_path), "voice": self._voice_id}
 
     def voices(self) -> list[VoiceInfo]:
-        language = self._voice_id.split("-", 1)[0].replace("_", "-")
-        return [VoiceInfo(self._voice_id, self._voice_id, language, self.name, "Piper voice")]
+        return [
+            VoiceInfo(voice_id, voice_id, _language(voice_id), self.name, "Piper voice")
+            for voice_id in self._loaded
+        ]
 
     @property
     def default_voice(self) -> str:
@@ -80,34 +92,83 @@ class PiperEngine(Engine):
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._voice = await loop.run_in_executor(self._executor, self._load)
+        paths = (self._model_path, self._config_path)
+        self._loaded[self._voice_id] = await loop.run_in_executor(self._executor, _load, *paths)
         # Warm-up: the first run of an ONNX session allocates and is several times slower.
-        await loop.run_in_executor(self._executor, self._warm_up)
+        await loop.run_in_executor(self._executor, _warm_up, self._loaded[self._voice_id])
+        await self.refresh_voices()
 
-    def _load(self) -> Any:
-        try:
-            from piper import PiperVoice
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise PiperNotInstalledError(
-                "Piper is not installed: pip install 'streamtts[piper]'"
-            ) from exc
-        if not self._model_path.is_file():
-            raise FileNotFoundError(f"Piper voice not found: {self._model_path}")
-        return PiperVoice.load(self._model_path, config_path=self._config_path)
-
-    def _warm_up(self) -> None:
-        for _ in self._voice.synthesize("Warming up."):
-            pass
+    async def refresh_voices(self) -> None:
+        if self._voices_dir is None:
+            return
+        async with self._refresh_lock:
+            loop = asyncio.get_running_loop()
+            found = await loop.run_in_executor(self._executor, _find_models, self._voices_dir)
+            for voice_id in [v for v in self._loaded if v != self._voice_id and v not in found]:
+                del self._loaded[voice_id]
+                log.info("Piper voice %s is gone from %s", voice_id, self._voices_dir)
+            for voice_id, model in found.items():
+                if voice_id in self._loaded:
+                    continue
+                config = model.with_suffix(".onnx.json")
+                try:
+                    voice = await loop.run_in_executor(self._executor, _load, model, config)
+                except Exception:  # a damaged model is skipped, never fatal
+                    log.warning("skipping the Piper voice %s", model, exc_info=True)
+                    continue
+                self._loaded[voice_id] = voice
+                log.info("Piper voice %s found in %s", voice_id, self._voices_dir)
 
     async def stop(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _open_stream(self, voice: str, options: SynthesisOptions) -> EngineStream:
-        if voice != self._voice_id:
-            raise UnknownVoiceError(f"unknown voice {voice!r}")
-        if self._voice is None:
+    def _voice(self, voice_id: str) -> Any:
+        if not self._loaded:
             raise EngineNotReadyError("the engine is not started")
-        return _PiperStream(self._voice, self._executor, options)
+        voice = self._loaded.get(voice_id)
+        if voice is None:
+            raise UnknownVoiceError(f"unknown voice {voice_id!r}")
+        return voice
+
+    def _open_stream(self, voice: str | ClonedVoice, options: SynthesisOptions) -> EngineStream:
+        assert isinstance(voice, str)  # the contract refused a cloned voice already
+        return _PiperStream(self._voice(voice), self._executor, options)
+
+
+def _load(model: Path, config: Path) -> Any:
+    try:
+        from piper import PiperVoice
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise PiperNotInstalledError(
+            "Piper is not installed: pip install 'streamtts[piper]'"
+        ) from exc
+    if not model.is_file():
+        raise FileNotFoundError(f"Piper voice not found: {model}")
+    return PiperVoice.load(model, config_path=config)
+
+
+def _warm_up(voice: Any) -> None:
+    for _ in voice.synthesize("Warming up."):
+        pass
+
+
+def _find_models(directory: Path) -> dict[str, Path]:
+    """Voice id -> model of every ``*.onnx`` with its ``.onnx.json`` in ``directory``."""
+    if not directory.is_dir():
+        return {}
+    return {
+        model.name.removesuffix(".onnx"): model
+        for model in sorted(directory.glob("*.onnx"))
+        if model.with_suffix(".onnx.json").is_file()
+    }
+
+
+def _rate_hz(voice: Any) -> int:
+    return int(voice.config.sample_rate)
+
+
+def _language(voice_id: str) -> str:
+    return voice_id.split("-", 1)[0].replace("_", "-")
 
 
 class _PiperStream(EngineStream):
@@ -115,6 +176,7 @@ class _PiperStream(EngineStream):
         from piper import SynthesisConfig
 
         self._voice = voice
+        self.sample_rate = _rate_hz(voice)
         self._executor = executor
         speed = 1.0 if options.speed is None else options.speed
         self._config = SynthesisConfig(length_scale=1.0 / speed)
@@ -126,12 +188,17 @@ class _PiperStream(EngineStream):
             return
         handoff = PcmHandoff()
         job = asyncio.get_running_loop().run_in_executor(self._executor, self._run, text, handoff)
+        complete = False
         try:
             async for pcm in handoff.chunks(self.stats, "Piper"):
                 yield pcm
+            complete = True
             self.stats.segments += 1
         finally:
-            if not job.done():
+            # Stopped early (the consumer went away, an error): the job must stop too. Its
+            # future may still be pending after a complete segment (its thread is returning),
+            # so completeness is what decides, not the future.
+            if not complete:
                 self._cancelled.set()
             await asyncio.shield(job)
 

@@ -21,6 +21,7 @@ from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.engine.factory import create_engine
 from streamtts.server import openai
+from streamtts.server import voices as server_voices
 from streamtts.server.auth import ApiKeys, OriginPolicy, SecurityMiddleware
 from streamtts.server.metrics import CONTENT_TYPE, Metrics
 from streamtts.server.shutdown import watchdog
@@ -45,6 +46,11 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         log.info("loading model %s", settings.model)
         await state.engine.start()
+        await state.voices.refresh()
+        log.info(
+            "voices: %d offered (library %s)", len(state.voices.listing()), state.voices.directory
+        )
+        rescans = asyncio.create_task(state.voices.run_rescans(), name="voice-rescans")
         lifecycle.ready = True
         log.info("ready: engine %s at %d Hz", state.engine.name, state.engine.sample_rate)
         dog = asyncio.create_task(
@@ -55,6 +61,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         finally:
             lifecycle.ready = False
             dog.cancel()
+            rescans.cancel()
             await state.engine.stop()
 
     async def healthz(request: Request) -> Response:
@@ -72,12 +79,15 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     async def voices(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "voices": [vars(v) for v in state.engine.voices()],
-                "default": state.engine.default_voice,
-            }
-        )
+        return await server_voices.list_voices(request, state)
+
+    async def voice(request: Request) -> Response:
+        if request.method == "DELETE":
+            return await server_voices.delete_voice(request, state)
+        return await server_voices.get_voice(request, state)
+
+    async def add_voice(request: Request) -> Response:
+        return await server_voices.add_voice(request, state)
 
     async def models(request: Request) -> Response:
         return openai.models_response(state.engine)
@@ -92,8 +102,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics),
-        Route("/v1/voices", voices),
-        Route("/v1/audio/voices", voices),
+        Route("/v1/voices", voices, methods=["GET"]),
+        Route("/v1/voices", add_voice, methods=["POST"]),
+        Route("/v1/voices/{voice_id}", voice, methods=["GET", "DELETE"]),
+        Route("/v1/audio/voices", voices, methods=["GET"]),
         Route("/v1/models", models),
         Route("/v1/audio/speech", speech, methods=["POST"]),
         WebSocketRoute("/v1/stream", stream),

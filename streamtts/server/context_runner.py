@@ -63,7 +63,6 @@ class ContextRunner:
         self,
         context: str,
         stream: EngineStream,
-        engine_rate_hz: int,
         fmt: AudioFormat,
         send_json: SendJson,
         send_audio: SendBytes,
@@ -72,14 +71,14 @@ class ContextRunner:
     ) -> None:
         self.context = context
         self._stream = stream
-        self._engine_rate_hz = engine_rate_hz
+        self._engine_rate_hz = stream.sample_rate
         self._fmt = fmt
         self._send_json = send_json
         self._send_audio = send_audio
         self._on_finished = on_finished
         self._metrics = metrics
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
-        self._resampler = StreamingResampler(engine_rate_hz, fmt.sample_rate)
+        self._resampler = StreamingResampler(self._engine_rate_hz, fmt.sample_rate)
         self._frame_samples = max(1, fmt.sample_rate * MAX_FRAME_MS // 1000)
         self._audio_samples_out = 0
         self._first_queued_s: float | None = None

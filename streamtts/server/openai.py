@@ -22,7 +22,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from streamtts.audio import StreamingResampler, content_type, make_container_encoder
 from streamtts.config import Settings
-from streamtts.engine.base import Engine, EngineError, EngineStream, OverloadedError
+from streamtts.engine.base import (
+    ClonedVoice,
+    Engine,
+    EngineError,
+    EngineStream,
+    OverloadedError,
+)
 from streamtts.options import (
     TRANSPORT_FIELDS,
     OptionError,
@@ -34,6 +40,7 @@ from streamtts.segmenter import segment_text
 from streamtts.server.admission import RETRY_AFTER_S, Ticket
 from streamtts.server.errors import wire_error
 from streamtts.server.state import AppState
+from streamtts.voices.catalog import VoiceCatalog
 
 OPENAI_SAMPLE_RATE_HZ = 24_000
 RESPONSE_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
@@ -76,7 +83,7 @@ class _BadRequest(Exception):
 @dataclass(frozen=True)
 class SpeechRequest:
     input: str
-    voice: str
+    voice: str | ClonedVoice
     format: str
     options: SynthesisOptions
     sse: bool
@@ -112,8 +119,10 @@ async def speech(request: Request, state: AppState) -> Response:
         body = orjson.loads(await request.body())
     except orjson.JSONDecodeError:
         return openai_error(400, "the request body is not valid JSON", code="invalid_json")
+    if isinstance(body, dict):
+        await state.voices.refresh_on_miss(_voice_id(body.get("voice")))
     try:
-        req = _validate(body, engine, settings)
+        req = _validate(body, state.voices, settings)
     except _BadRequest as exc:
         return openai_error(400, exc.message, exc.param, exc.code)
     ticket = state.admission.try_acquire()
@@ -139,7 +148,7 @@ async def speech(request: Request, state: AppState) -> Response:
     )
 
 
-def _validate(body: Any, engine: Engine, settings: Settings) -> SpeechRequest:
+def _validate(body: Any, voices: VoiceCatalog, settings: Settings) -> SpeechRequest:
     if not isinstance(body, dict):
         raise _BadRequest("the request body must be a JSON object", None, "invalid_type")
     unknown = sorted(set(body) - _FIELDS - set(_TRANSPORT))
@@ -181,30 +190,33 @@ def _validate(body: Any, engine: Engine, settings: Settings) -> SpeechRequest:
     if body.get("stream", True) is not True:
         raise _BadRequest("'stream' must be true: the body always streams", "stream")
     return SpeechRequest(
-        text, _resolve_voice(body.get("voice"), engine), fmt, options, stream_format == "sse"
+        text, _resolve_voice(body.get("voice"), voices), fmt, options, stream_format == "sse"
     )
 
 
-def _resolve_voice(voice: Any, engine: Engine) -> str:
-    """Our voice ids pass through; OpenAI's built-in names map to the default voice so existing
-    clients work unchanged."""
-    if isinstance(voice, dict):
-        voice = voice.get("id")
-    if voice is None or voice in OPENAI_VOICES or voice == "default":
-        return engine.default_voice
-    if not isinstance(voice, str) or voice not in {v.id for v in engine.voices()}:
+def _voice_id(voice: Any) -> Any:
+    return voice.get("id") if isinstance(voice, dict) else voice
+
+
+def _resolve_voice(voice: Any, voices: VoiceCatalog) -> str | ClonedVoice:
+    """Our voice ids (built-in and cloned) pass through; OpenAI's built-in names map to the
+    default voice so existing clients work unchanged."""
+    voice = _voice_id(voice)
+    if voice is None or voice in OPENAI_VOICES:
+        voice = "default"
+    if not isinstance(voice, str) or voice not in voices:
         raise _BadRequest(f"unknown voice {voice!r}; GET /v1/voices lists them", "voice")
-    return voice
+    return voices.resolve(voice)
 
 
 async def _encoded_audio(
     stream: EngineStream, ticket: Ticket, state: AppState, text: str, fmt: str
 ) -> AsyncIterator[bytes]:
-    engine, settings = state.engine, state.settings
+    settings = state.settings
     expired = state.lifecycle.expired
     reason = "disconnect"
     segments = segment_text(text, settings.segmenter)
-    resampler = StreamingResampler(engine.sample_rate, OPENAI_SAMPLE_RATE_HZ)
+    resampler = StreamingResampler(stream.sample_rate, OPENAI_SAMPLE_RATE_HZ)
     encoder = make_container_encoder(fmt, OPENAI_SAMPLE_RATE_HZ)
     try:
         for text_segment in segments:

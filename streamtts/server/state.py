@@ -1,4 +1,4 @@
-"""What the app's parts share: settings, engine, admission, lifecycle, metrics."""
+"""What the app's parts share: settings, engine, voices, admission, lifecycle, metrics."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from streamtts.engine.base import Engine
 from streamtts.server.admission import Admission
 from streamtts.server.metrics import Metrics
 from streamtts.server.shutdown import Lifecycle
+from streamtts.voices.catalog import VoiceCatalog
 
 
 class AppState:
@@ -16,6 +17,7 @@ class AppState:
         self.admission = Admission(settings.limits.max_active_contexts)
         self.lifecycle = Lifecycle(self.admission)
         self.metrics = Metrics()
+        self.voices = VoiceCatalog(engine, settings.voices)
         # Audio bytes queued for all contexts that their sockets have not taken yet.
         self.output_buffer_bytes = 0
 

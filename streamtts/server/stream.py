@@ -23,6 +23,7 @@ from streamtts.protocol import (
     CloseCode,
     ErrorCode,
     ProtocolError,
+    StartMessage,
     dumps,
     error,
     parse_client_message,
@@ -62,7 +63,7 @@ class StreamSocket:
         self._engine = state.engine
         self._settings = settings = state.settings
         self._session = Session(
-            voices=frozenset(v.id for v in self._engine.voices()),
+            voices=state.voices,
             default_voice=self._engine.default_voice,
             segmenter_options=settings.segmenter,
             limits=settings.limits,
@@ -150,6 +151,8 @@ class StreamSocket:
         except ProtocolError as exc:
             await self._send_json(error(exc.code, exc.message, exc.context))
             return
+        if isinstance(message, StartMessage):
+            await self._state.voices.refresh_on_miss(message.voice)  # another replica's voice?
         await self._apply(self._session.handle(message, _now_ms()))
 
     async def _tick(self) -> None:
@@ -193,7 +196,8 @@ class StreamSocket:
             await self._send_json(error(ErrorCode.OVERLOADED, refusal, effect.context))
             return
         try:
-            stream = self._engine.open_stream(effect.voice, effect.options)
+            voice = self._state.voices.resolve(effect.voice)
+            stream = self._engine.open_stream(voice, effect.options)
         except EngineError as exc:
             self._release(effect.context)
             self._session.context_finished(effect.context)
@@ -204,7 +208,6 @@ class StreamSocket:
         self._runners[effect.context] = ContextRunner(
             context=effect.context,
             stream=stream,
-            engine_rate_hz=self._engine.sample_rate,
             fmt=effect.format,
             send_json=self._send_json,
             send_audio=self._send_audio,

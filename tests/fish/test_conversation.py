@@ -19,7 +19,7 @@ def test_the_first_segment_copies_the_prefix_and_prefills_its_turn() -> None:
     conversation = Conversation()
     prefix, turn = tokens(1, 2, 3), tokens(10, 11)
     plan = conversation.plan(prefix, turn, 4096, 1024)
-    assert plan.copy_prefix and plan.prefill_from == 3
+    assert plan.copy_prefix and not plan.keep_prefix and plan.prefill_from == 3
     assert torch.equal(plan.prompt, torch.cat([prefix, turn], dim=1))
     conversation.prefilled(plan.prompt)
     frames = tokens(20, 21, 22)  # prefill frame .. last frame
@@ -27,6 +27,17 @@ def test_the_first_segment_copies_the_prefix_and_prefills_its_turn() -> None:
     assert conversation.history == [turn, frames]
     cached = conversation.cached_tokens
     assert cached is not None and cached.shape[1] == 5 + 2  # the last frame was not fed back
+
+
+def test_a_voice_prefix_not_yet_cached_is_prefilled_with_the_first_turn_then_kept() -> None:
+    conversation = Conversation()
+    prefix, turn = tokens(1, 2, 3), tokens(10, 11)
+    plan = conversation.plan(prefix, turn, 4096, 1024, prefix_cached=False)
+    assert not plan.copy_prefix and plan.keep_prefix and plan.prefill_from == 0
+    conversation.prefilled(plan.prompt)
+    conversation.completed(tokens(20, 21))
+    later = conversation.plan(prefix, tokens(30), 4096, 1024, prefix_cached=False)
+    assert not later.copy_prefix and not later.keep_prefix  # only a stream's first segment
 
 
 def test_a_later_segment_prefills_only_what_its_prompt_adds() -> None:

@@ -1,4 +1,4 @@
-"""KV-cache slots: one reserved for the prefix, the rest taken and given back exactly once."""
+"""KV-cache slots: one per stream, taken and given back exactly once."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from streamtts.fish.slots import SlotPool
 
 
 def test_slots_are_taken_until_none_is_left_and_given_back() -> None:
-    pool = SlotPool(cache_slots=3)
-    assert pool.prefix_slot == 2 and pool.capacity == 2 and pool.free == 2
+    pool = SlotPool(cache_slots=2)
+    assert pool.capacity == 2 and pool.free == 2
     a, b = pool.acquire(), pool.acquire()
     assert {a, b} == {0, 1} and pool.acquire() is None and pool.free == 0
     assert a is not None
@@ -25,6 +25,6 @@ def test_a_slot_is_given_back_once() -> None:
     with pytest.raises(ValueError):
         pool.release(slot)
     with pytest.raises(ValueError):
-        pool.release(pool.prefix_slot)
+        pool.release(7)
     with pytest.raises(ValueError):
-        SlotPool(cache_slots=1)
+        SlotPool(cache_slots=0)

@@ -78,7 +78,8 @@ def test_engine_bench_reports_ttfa_and_concurrency(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [sys.executable, "-m", "loadtest.engine_bench", "--model", "synthetic:tiny", "--dtype",
-         "fp32", "--runs", "2", "--streams", "1", "2", "--json", str(out)],
+         "fp32", "--runs", "2", "--streams", "1", "2", "--reference-s", "3", "--json",
+         str(out)],
         cwd=REPO_DIR, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -86,6 +87,9 @@ def test_engine_bench_reports_ttfa_and_concurrency(tmp_path: Path) -> None:
     assert figures["model"] == "synthetic:tiny" and figures["dtype"] == "float32"
     assert [c["streams"] for c in figures["concurrency"]] == [1, 2]
     assert all(c["worst_rtf"] > 0 for c in figures["concurrency"])
+    cloned = figures["cloned_voice"]
+    assert cloned["reference_s"] == 3 and cloned["reference_frames"] == 65
+    assert cloned["ttfa_ms_first_use"] > 0 and cloned["later_over_default"] > 0
 
 
 def test_an_empty_png_path_skips_the_chart(live_fish_server: str, tmp_path: Path) -> None:

@@ -53,3 +53,14 @@ async def test_options_piper_cannot_honour_are_refused(
 async def test_the_event_loop_runs_no_torch(engine: PiperEngine) -> None:
     with no_torch_on_this_thread():
         assert (await speak(engine, SynthesisOptions())).size > 0
+
+
+async def test_every_segment_of_a_stream_is_spoken(engine: PiperEngine) -> None:
+    """A stream's later segments are not lost to the race between a segment's end and its
+    worker thread returning."""
+    stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+    sizes = []
+    for text in ["First sentence here.", "A second one.", "And a third, longer sentence."]:
+        sizes.append(sum([pcm.size async for pcm in stream.synthesize(text)]))
+    stream.close()
+    assert all(size > 10_000 for size in sizes), sizes

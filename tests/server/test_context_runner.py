@@ -50,7 +50,6 @@ def runner_for(
     runner = ContextRunner(
         "c",
         stream,
-        RATE_HZ,
         AudioFormat("pcm_s16le", RATE_HZ),
         wire.send_json,
         wire.send_audio,

@@ -1,4 +1,5 @@
-"""The player page (``GET /``, ``static/``) in a real headless Chromium against a real server.
+"""The player page (``GET /``, ``static/``) in a real headless Chromium against a real server
+(the bundled voice; a synthetic Fish server for cloned voices).
 
 The page exposes ``window.streamttsStats`` (see ``static/app.js``); these tests drive the page
 like a user (type, click, keys) and read that hook, the DOM, and the JSON frames the page sent.
@@ -6,14 +7,18 @@ like a user (type, click, keys) and read that hook, the DOM, and the JSON frames
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+
+from tests.audio_files import bundled_voice_speech, encode
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -245,3 +250,55 @@ def test_keyboard_and_simulated_token_stream(player: PageUnderTest) -> None:
     player.wait(DONE_FOR_CURRENT, CANCEL_TIMEOUT_MS)
     assert player.stats()["lastDone"]["reason"] == "cancel"
     assert player.problems == []
+
+
+VOICE_TRANSCRIPT = "This recording gives the model a voice to speak in, a few seconds long."
+
+
+@pytest.mark.timeout(240)
+def test_add_speak_with_and_delete_a_voice(
+    browser: Browser, live_fish_server: str, tmp_path: Path
+) -> None:
+    # Playwright's sync API runs an event loop on this thread: make the speech on another.
+    with ThreadPoolExecutor(1) as pool:
+        samples, rate = pool.submit(asyncio.run, bundled_voice_speech(VOICE_TRANSCRIPT)).result()
+    recording = tmp_path / "my-voice.wav"
+    recording.write_bytes(encode(samples, rate, "wav"))
+    context = browser.new_context(viewport={"width": 1000, "height": 1400})
+    context.set_default_timeout(30_000)
+    try:
+        page = context.new_page()
+        page.add_init_script(RECORD_SENT)
+        player = PageUnderTest(page)
+        page.goto(f"{live_fish_server}/", wait_until="load")
+        page.wait_for_function("() => document.querySelector('#voice').options.length >= 1")
+        assert page.locator("#voice-list li").count() == 0
+
+        page.set_input_files("#voice-audio", str(recording))
+        page.fill("#voice-text", VOICE_TRANSCRIPT)
+        page.fill("#voice-name", "Page voice")
+        page.click("#voice-add")
+        page.wait_for_function(
+            "() => document.querySelector('#voice-status').textContent.startsWith('Added')"
+        )
+        item = page.locator("#voice-list li")
+        assert item.count() == 1
+        voice_id = item.get_attribute("data-voice")
+        assert voice_id and voice_id.startswith("page-voice-")
+        assert page.eval_on_selector("#voice", "s => s.value") == voice_id  # selected
+
+        page.fill("#text", "Hello in my new voice.")
+        page.click("#speak")
+        player.wait(DONE_FOR_CURRENT, DONE_TIMEOUT_MS)
+        stats = player.stats()
+        assert stats["lastDone"]["reason"] == "end" and stats["bytesReceived"] > 0
+        starts = [m for m in player.sent() if m["type"] == "start"]
+        assert starts[-1]["voice"] == voice_id
+
+        page.click(f"#voice-list li[data-voice='{voice_id}'] button")
+        page.wait_for_function("() => document.querySelectorAll('#voice-list li').length === 0")
+        options = page.eval_on_selector_all("#voice option", "os => os.map(o => o.value)")
+        assert voice_id not in options
+        assert player.problems == []
+    finally:
+        context.close()
