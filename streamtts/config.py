@@ -3,7 +3,8 @@
 
 Every setting is defined once, in the section that owns it: :class:`Limits`, the segmenter's
 :class:`SegmenterOptions`, the runtimes' :class:`FishSettings` and :class:`PiperSettings`, the
-voice library's :class:`VoiceSettings`, and the server's own fields here. The environment
+voice library's :class:`VoiceSettings`, the scheduler's :class:`SchedulingSettings`, and the
+server's own fields here. The environment
 names stay flat (``STREAMTTS_MAX_STREAMS``, not ``STREAMTTS_FISH_MAX_STREAMS``): leaf names are
 unique across sections. Every default and outcome is documented in docs/operations.md.
 """
@@ -20,6 +21,7 @@ from streamtts.bounds import SettingsError, require_bounds
 from streamtts.fish.settings import FishSettings
 from streamtts.limits import Limits
 from streamtts.piper.settings import PiperSettings
+from streamtts.scheduling import SchedulingSettings
 from streamtts.segmenter import SegmenterOptions
 from streamtts.voices.settings import VoiceSettings
 
@@ -55,6 +57,7 @@ class Settings:
     fish: FishSettings = field(default_factory=FishSettings)
     piper: PiperSettings = field(default_factory=PiperSettings)
     voices: VoiceSettings = field(default_factory=VoiceSettings)
+    scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
 
     def __post_init__(self) -> None:
         require_bounds(self)

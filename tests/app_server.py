@@ -28,9 +28,12 @@ class RunningApp:
 
 
 @asynccontextmanager
-async def serve_app(engine: Engine, settings: Settings | None = None) -> AsyncIterator[RunningApp]:
+async def serve_app(
+    engine: Engine, settings: Settings | None = None, admit_by_capacity: bool = False
+) -> AsyncIterator[RunningApp]:
+    """``admit_by_capacity``: off unless asked, since it depends on the machine's speed."""
     port = free_port()
-    settings = (settings or Settings()).replace(port=port)
+    settings = (settings or Settings()).replace(port=port, admit_by_capacity=admit_by_capacity)
     if not settings.voices.data_dir and not settings.voices.voices_dir:
         settings = settings.replace(data_dir=tempfile.mkdtemp(prefix="streamtts-test-"))
     app = create_app(settings, engine)

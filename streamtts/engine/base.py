@@ -116,11 +116,13 @@ class VoiceInfo:
 
 @dataclass(frozen=True)
 class Capacity:
-    """Concurrent streams the engine can hold (``None``: no fixed number) and how many more it
-    can take now."""
+    """Concurrent streams the engine can hold (``None``: no fixed number), how many more it
+    can take now, and how many it can keep at real time at once by what it has measured of its
+    own cost (``None``: not known yet; see streamtts.scheduling)."""
 
     streams: int | None = None
     free: int | None = None
+    realtime_streams: float | None = None
 
 
 @dataclass

@@ -19,12 +19,14 @@ def create_engine(settings: Settings) -> Engine:
     if piper is not None:
         from streamtts.piper.engine import PiperEngine
 
-        return PiperEngine(piper, settings.piper, settings.voices.library_dir())
+        return PiperEngine(
+            piper, settings.piper, settings.voices.library_dir(), settings.scheduling
+        )
     fish = FishSpec.parse(spec)
     if fish is not None:
         from streamtts.fish.engine import FishEngine
 
-        return FishEngine(fish, settings.fish, job_hook=faults.job_hook())
+        return FishEngine(fish, settings.fish, settings.scheduling, job_hook=faults.job_hook())
     raise ModelSpecError(
         f"unknown model {spec!r}: use 'piper', 'piper:/path/voice.onnx', "
         "a Fish-Speech 1.5 checkpoint directory, or 'synthetic:tiny' / 'synthetic:1.5'"

@@ -61,6 +61,7 @@ from streamtts.models.fish.llm.sampling import SamplingParams
 from streamtts.models.fish.llm.synthetic import synthetic_frame_budget
 from streamtts.models.fish.llm.text import split_piece
 from streamtts.options import FISH, OptionError
+from streamtts.scheduling import SchedulingSettings
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +100,18 @@ class FishEngine(Engine):
     supports_cloning = True
 
     def __init__(
-        self, spec: str | FishSpec, settings: FishSettings, job_hook: JobHook | None = None
+        self,
+        spec: str | FishSpec,
+        settings: FishSettings,
+        scheduling: SchedulingSettings | None = None,
+        job_hook: JobHook | None = None,
     ) -> None:
         parsed = FishSpec.parse(spec) if isinstance(spec, str) else spec
         if parsed is None:
             raise ValueError(f"{spec!r} is neither a checkpoint directory nor synthetic:<size>")
         self._spec = parsed
         self._settings = settings
+        self._scheduling = scheduling or SchedulingSettings()
         self._job_hook = job_hook  # test seam (streamtts.engine.faults)
         self._loaded: _Loaded | None = None
         self._fatal: BaseException | None = None
@@ -136,6 +142,7 @@ class FishEngine(Engine):
         decoder = IncrementalDecoder(bundle.decoder, device, dtype)
         # On the CPU the vocoder runs on the generator thread: one torch thread (see devices).
         vocoder = VocoderWorker(decoder, context, self._on_fatal, inline=not context.is_cuda)
+        frame_s = decoder.samples_per_frame / decoder.sample_rate
         generator = GeneratorWorker(
             model,
             cache,
@@ -143,7 +150,9 @@ class FishEngine(Engine):
             tokenizer.im_end_id,
             context,
             s,
+            self._scheduling,
             self._on_fatal,
+            frame_s,
             after_iteration=vocoder.drain if vocoder.inline else lambda: None,
         )
         generator.before_job_work = self._job_hook
@@ -153,20 +162,23 @@ class FishEngine(Engine):
             bundle.encoder,
             bundle.codec_id,
             self._spec.synthetic,
-            frame_s=decoder.samples_per_frame / decoder.sample_rate,
+            frame_s=frame_s,
             sample_rate=decoder.sample_rate,
             device=device,
             dtype=describe_dtype(model),
         )
 
     async def _warm_up(self) -> None:
+        """Run the real path once with one stream, then with every slot at once: the second
+        measures what a full batch costs, so admission knows the capacity from the start."""
         options = SynthesisOptions(max_frames_per_segment=WARM_UP_FRAMES)
-        stream = self.open_stream(DEFAULT_VOICE_ID, options)
-        try:
-            async for _ in stream.synthesize("Warming up."):
-                pass
-        finally:
-            stream.close()
+        for streams in sorted({1, self._settings.max_streams}):
+            opened = [self.open_stream(DEFAULT_VOICE_ID, options) for _ in range(streams)]
+            try:
+                await asyncio.gather(*(_drain(s.synthesize("Warming up.")) for s in opened))
+            finally:
+                for stream in opened:
+                    stream.close()
 
     async def stop(self) -> None:
         if self._loaded is not None:
@@ -225,7 +237,11 @@ class FishEngine(Engine):
         if self._loaded is None:
             return Capacity()
         generator = self._loaded.generator
-        return Capacity(generator.capacity, generator.free_slots)
+        with generator.cost_lock:
+            realtime = generator.cost.realtime_streams(
+                generator.capacity, self._scheduling.capacity_headroom
+            )
+        return Capacity(generator.capacity, generator.free_slots, realtime)
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"engine": FISH, "model": self._spec.text}
@@ -286,6 +302,11 @@ class FishEngine(Engine):
             max_frames=options.max_frames_per_segment or s.max_frames_per_segment,
             synthetic=loaded.synthetic,
         )
+
+
+async def _drain(chunks: AsyncIterator[PcmF32]) -> None:
+    async for _ in chunks:
+        pass
 
 
 def describe_dtype(model: torch.nn.Module) -> str:

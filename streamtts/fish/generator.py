@@ -15,6 +15,7 @@ All torch work of the LLM happens on this thread (on its own CUDA stream when on
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -43,6 +44,7 @@ from streamtts.models.fish.llm.generate import (
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.sampling import BatchSampling
+from streamtts.scheduling import CostModel, SchedulingSettings
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,9 @@ class GeneratorWorker(Worker[_Command]):
         im_end_id: int,
         device: DeviceContext,
         settings: FishSettings,
+        scheduling: SchedulingSettings,
         on_fatal: OnFatal,
+        frame_s: float,
         after_iteration: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__("generator", on_fatal)
@@ -94,7 +98,13 @@ class GeneratorWorker(Worker[_Command]):
         self._settings = settings
         self._after_iteration = after_iteration  # e.g. the inline vocoder's drain
         self._slots = SlotPool(cache.slots)
-        self._scheduler = Scheduler(settings.max_lead_s)
+        self._scheduler = Scheduler(scheduling)
+        self._frame_s = frame_s
+        # What a decode iteration (and, on the CPU, the inline vocoder) costs per audio second
+        # by batch size, and a prefill chunk: for the scheduler and for admission.
+        self.cost = CostModel()
+        self.cost_lock = threading.Lock()
+        self._prefill_chunk_s = 0.0
         self._prefixes = VoicePrefixes(prompts, settings.max_cached_voices)
         self._windows = RepetitionWindows(cache.slots, model.config.num_codebooks + 1, model.device)
         self._jobs: list[SegmentJob] = []
@@ -168,8 +178,12 @@ class GeneratorWorker(Worker[_Command]):
             while (commands := self.take(block=not self._jobs)) is not None:
                 for command in commands:
                     self._apply(command)
-                self._iterate()
+                started_s = time.perf_counter()
+                batch, prefilled = self._iterate()
                 self._after_iteration()
+                if batch and not prefilled:  # a plain decode iteration: what a frame costs
+                    with self.cost_lock:
+                        self.cost.observe(time.perf_counter() - started_s, self._frame_s, batch)
 
     def fail_all(self, exc: BaseException) -> None:
         for job in self._jobs:
@@ -200,16 +214,22 @@ class GeneratorWorker(Worker[_Command]):
         else:
             fulfil(command.future, command.fn)
 
-    def _iterate(self) -> None:
+    def _iterate(self) -> tuple[int, bool]:
+        """One iteration; returns its decode batch size and whether it prefilled."""
         self._jobs = [j for j in self._jobs if not j.stream.cancelled.is_set()]
-        waiting = self._scheduler.next_prefill(self._jobs)
-        if waiting is not None:
-            self._guarded(waiting, self._prefill_chunk)
+        now_s = time.perf_counter()
+        chosen = self._scheduler.next_prefill(self._jobs, now_s, self._prefill_chunk_s)
+        if chosen is not None:
+            self._guarded(chosen, self._prefill_chunk)
+            chunk_s = time.perf_counter() - now_s
+            self._prefill_chunk_s = max(chunk_s, 0.8 * self._prefill_chunk_s + 0.2 * chunk_s)
         live = [j for j in self._jobs if not j.finished]
-        batch = self._scheduler.decode_batch(live, time.perf_counter(), waiting is not None)
+        waiting = any(not j.decoding for j in live)
+        batch = self._scheduler.decode_batch(live, time.perf_counter(), waiting)
         if batch:
             each_alone(batch, self._decode, self._fail)
         self._jobs = [j for j in self._jobs if not j.finished]
+        return len(batch), chosen is not None
 
     def _guarded(self, job: SegmentJob, work: Callable[[SegmentJob], None]) -> None:
         """Run one job's work; an exception fails that job only."""
@@ -333,8 +353,5 @@ class GeneratorWorker(Worker[_Command]):
         else:
             codes = job.frames[0].new_zeros(self._model.config.num_codebooks, 0)
         job.sent_frames += pending
-        stream = job.stream
-        if stream.first_emit_s is None and pending > 0:
-            stream.first_emit_s = time.perf_counter()
-        stream.emitted_frames += pending
+        job.stream.clock.produced(pending * job.stream.frame_s, time.perf_counter())
         job.on_codes(codes, job.finished)

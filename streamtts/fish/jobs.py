@@ -21,6 +21,7 @@ import torch
 from streamtts.engine.base import ClonedVoice
 from streamtts.fish.conversation import Conversation
 from streamtts.models.fish.llm.sampling import SamplingParams
+from streamtts.scheduling import PlaybackClock
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,8 @@ class StreamSlot:
     cancelled: threading.Event = field(default_factory=threading.Event)
     # Its own random generator, made on the generator thread at its first segment when seeded.
     rng: torch.Generator | None = None
-    # Frames handed to the vocoder since the stream began, and when the first one was.
-    emitted_frames: int = 0
-    first_emit_s: float | None = None
-
-    def audio_lead_s(self, now_s: float) -> float:
-        """How far the audio made so far runs ahead of real-time playback."""
-        if self.first_emit_s is None:
-            return 0.0
-        return self.emitted_frames * self.frame_s - (now_s - self.first_emit_s)
+    # Its audio as the vocoder is handed it (frames x frame_s): its deadline (scheduling).
+    clock: PlaybackClock = field(default_factory=PlaybackClock)
 
 
 class Phase(Enum):

@@ -21,7 +21,6 @@ class FishSettings:
     chunk_frames: int = 8  # frames per later vocoder chunk
     prefill_chunk_tokens: int = 128  # prompt tokens prefilled per step between decode steps
     max_frames_per_segment: int = 1024
-    max_lead_s: float = 6.0  # streams this far ahead of real time yield compute to others
     cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
     max_cached_voices: int = 16  # cloned voices whose prompt prefix is kept (LRU)
     compile: bool = False  # torch.compile the decode step at start (docs/operations.md)

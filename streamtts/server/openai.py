@@ -129,7 +129,7 @@ async def speech(request: Request, state: AppState) -> Response:
     if ticket is None:
         metrics.errors_total.inc("overloaded")
         return _overloaded(
-            f"the server is at its limit of {state.admission.limit} active streams; retry shortly"
+            f"the server is at its capacity of {state.admission.capacity} streams; retry shortly"
         )
     try:
         stream = engine.open_stream(req.voice, req.options)

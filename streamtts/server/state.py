@@ -14,7 +14,11 @@ class AppState:
     def __init__(self, settings: Settings, engine: Engine) -> None:
         self.settings = settings
         self.engine = engine
-        self.admission = Admission(settings.limits.max_active_contexts)
+        by_capacity = settings.scheduling.admit_by_capacity
+        self.admission = Admission(
+            settings.limits.max_active_contexts,
+            (lambda: engine.capacity().realtime_streams) if by_capacity else (lambda: None),
+        )
         self.lifecycle = Lifecycle(self.admission)
         self.metrics = Metrics()
         self.voices = VoiceCatalog(engine, settings.voices)

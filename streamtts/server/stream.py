@@ -223,7 +223,7 @@ class StreamSocket:
         ticket = self._state.admission.try_acquire()
         if ticket is None:
             return (
-                f"the server is at its limit of {self._state.admission.limit} active "
+                f"the server is at its capacity of {self._state.admission.capacity} active "
                 "contexts; try again shortly"
             )
         self._tickets[context] = ticket

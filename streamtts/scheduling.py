@@ -1,0 +1,153 @@
+"""Deadline-first scheduling and capacity, for every engine: pure policy, no I/O, no torch.
+
+A stream's **deadline** is the moment its listener runs out of audio: the time its first audio
+was made plus the seconds of audio made since (:class:`PlaybackClock`), on the server's clock.
+Work is ordered by deadline, earliest first. A stream that is silent (it has no audio yet, or its
+listener has heard everything and waits for the next sentence) has no playback to keep up: its
+next piece of work is ranked by the time-to-first-audio target instead (``ttfa_target_s``
+after the work arrived). Streams far ahead of real time (``max_lead_s``) sit out while others
+need the compute.
+
+**Capacity** is learned online (:class:`CostModel`): the engine reports how long its work took
+for how much audio (by batch size where batching changes the cost), and the model estimates
+how many streams it can keep at real time. Admission (``streamtts.server.admission``) refuses
+a new stream once admitting it would exceed that, instead of letting every stream stutter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from streamtts.bounds import SettingsError, require_bounds
+
+
+@dataclass(frozen=True)
+class SchedulingSettings:
+    ttfa_target_s: float = 0.25  # a silent stream's work is due this long after it arrives
+    max_lead_s: float = 6.0  # a stream this far ahead of real time yields to others
+    # Admit new streams by the engine's learned real-time capacity (else by the limits alone).
+    admit_by_capacity: bool = True
+    # Of the learned capacity, the share kept spare: admission stops at (1 - headroom) of it.
+    capacity_headroom: float = 0.2
+    # Each context's audio goes to its socket at most this far ahead of its playback clock;
+    # the rest waits in the server, where a cancel drops it.
+    max_send_ahead_ms: float = 1500.0
+
+    def __post_init__(self) -> None:
+        require_bounds(self, ttfa_target_s=0.01, max_send_ahead_ms=100)
+        if not 0 <= self.capacity_headroom < 1:
+            raise SettingsError("capacity_headroom must be in [0, 1)")
+
+
+@dataclass
+class PlaybackClock:
+    """One stream's playback, as the server makes its audio (the listener starts hearing at the
+    first audio and hears it at real time from then on)."""
+
+    first_audio_s: float | None = None
+    audio_s: float = 0.0
+
+    def produced(self, seconds: float, now_s: float) -> None:
+        """``seconds`` of audio were made at ``now_s``."""
+        if seconds <= 0:
+            return
+        if self.first_audio_s is None:
+            self.first_audio_s = now_s
+        self.audio_s += seconds
+
+    @property
+    def runs_out_s(self) -> float | None:
+        """When the listener runs out of audio (None before the first audio)."""
+        return None if self.first_audio_s is None else self.first_audio_s + self.audio_s
+
+    def lead_s(self, now_s: float) -> float:
+        """Audio made beyond what has been heard by ``now_s`` (0 before the first audio)."""
+        runs_out = self.runs_out_s
+        return 0.0 if runs_out is None else max(0.0, runs_out - now_s)
+
+    def deadline_s(self, arrived_s: float, settings: SchedulingSettings) -> float:
+        """When work for this stream that arrived at ``arrived_s`` is due."""
+        runs_out = self.runs_out_s
+        if runs_out is not None and runs_out > arrived_s:
+            return runs_out  # still playing: continue before the listener runs out
+        return arrived_s + settings.ttfa_target_s  # silent: as fast as a first audio
+
+    def far_ahead(self, now_s: float, settings: SchedulingSettings) -> bool:
+        return self.lead_s(now_s) >= settings.max_lead_s
+
+
+@dataclass
+class _Rate:
+    """An exponentially weighted mean that forgets old measurements (the machine changes)."""
+
+    value: float | None = None
+    samples: int = 0
+
+    def observe(self, x: float, weight: float) -> None:
+        self.value = x if self.value is None else (1 - weight) * self.value + weight * x
+        self.samples += 1
+
+
+@dataclass
+class CostModel:
+    """Compute seconds per audio second, by batch size (1 for engines that do not batch), with
+    ``parallel`` workers sharing the load (Piper's threads; 1 for a batching engine)."""
+
+    parallel: int = 1
+    weight: float = 0.2  # of the newest measurement in the running mean
+    _by_batch: dict[int, _Rate] = field(default_factory=dict)
+
+    def observe(self, compute_s: float, audio_s: float, batch: int = 1) -> None:
+        """``batch`` streams made ``audio_s`` seconds of audio each in ``compute_s``."""
+        if audio_s <= 0 or compute_s < 0:
+            return
+        self._by_batch.setdefault(batch, _Rate()).observe(compute_s / audio_s, self.weight)
+
+    def cost(self, batch: int) -> float | None:
+        """Estimated compute seconds per audio second of one step at ``batch``: measured, or
+        interpolated between measured sizes, or extrapolated linearly from the largest."""
+        known = sorted((b, r.value) for b, r in self._by_batch.items() if r.value is not None)
+        if not known:
+            return None
+        for b, value in known:
+            if b == batch:
+                return value
+        below = [(b, v) for b, v in known if b < batch]
+        above = [(b, v) for b, v in known if b > batch]
+        if below and above:
+            (b0, v0), (b1, v1) = below[-1], above[0]
+            return v0 + (v1 - v0) * (batch - b0) / (b1 - b0)
+        if above:
+            return above[0][1]  # a smaller batch costs at most as much as a larger one
+        b0, v0 = below[-1]
+        return v0 * batch / b0  # beyond what was seen: as if batching gave nothing more
+
+    def realtime_streams(self, limit: int, headroom: float) -> float | None:
+        """How many streams can run at real time at once (at most ``limit``), keeping
+        ``headroom`` (0..1) of the compute spare; None before any measurement.
+
+        A batching engine (``parallel`` 1) keeps ``b`` streams at real time while one step of
+        ``b`` makes its audio faster than it plays; workers that run one stream at a time share
+        their audio seconds per second among the streams."""
+        if self.parallel > 1:
+            single = self.cost(1)
+            if single is None:
+                return None
+            return min(float(limit), self.parallel * (1 - headroom) / max(single, 1e-9))
+        best = 0.0
+        for batch in range(1, limit + 1):
+            cost = self.cost(batch)
+            if cost is None:
+                return None
+            if cost <= 1 - headroom:
+                best = float(batch)
+        return best
+
+    def measured_batches(self) -> Iterable[int]:
+        return sorted(self._by_batch)
+
+
+def earliest(deadlines: Iterable[float]) -> float:
+    return min(deadlines, default=math.inf)

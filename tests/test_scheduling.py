@@ -1,0 +1,68 @@
+"""The deadline-first policy's parts on a fake clock: deadlines, leads, learned capacity."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamtts.scheduling import CostModel, PlaybackClock, SchedulingSettings
+
+SETTINGS = SchedulingSettings(ttfa_target_s=0.25, max_lead_s=6.0)
+
+
+def test_a_silent_stream_is_due_a_ttfa_target_after_its_work_arrives() -> None:
+    clock = PlaybackClock()
+    assert clock.deadline_s(10.0, SETTINGS) == 10.25 and clock.lead_s(10.0) == 0.0
+
+
+def test_a_playing_stream_is_due_when_its_listener_runs_out() -> None:
+    clock = PlaybackClock()
+    clock.produced(2.0, now_s=10.0)  # 2 s of audio from t=10: it runs out at t=12
+    clock.produced(1.0, now_s=10.5)
+    assert clock.runs_out_s == 13.0
+    assert clock.deadline_s(11.0, SETTINGS) == 13.0
+    assert clock.lead_s(11.0) == 2.0
+    # The listener heard everything and waits in silence: like a first audio again.
+    assert clock.deadline_s(14.0, SETTINGS) == 14.25 and clock.lead_s(14.0) == 0.0
+    assert not clock.far_ahead(11.0, SETTINGS)
+    clock.produced(10.0, now_s=11.0)
+    assert clock.far_ahead(11.0, SETTINGS)
+
+
+def test_a_worker_pool_keeps_as_many_streams_as_its_threads_make_audio_for() -> None:
+    model = CostModel(parallel=2)
+    assert model.realtime_streams(100, 0.2) is None  # nothing measured yet
+    model.observe(compute_s=0.1, audio_s=2.0)  # 20x faster than real time per thread
+    assert model.realtime_streams(100, 0.2) == pytest.approx(2 * 0.8 * 20)
+    assert model.realtime_streams(10, 0.2) == 10  # at most the limit
+    for _ in range(30):  # the machine got slower: the estimate follows
+        model.observe(compute_s=0.2, audio_s=2.0)
+    assert model.realtime_streams(100, 0.2) == pytest.approx(16, rel=0.01)
+
+
+def test_a_batching_engine_keeps_the_largest_batch_whose_step_is_fast_enough() -> None:
+    model = CostModel()
+    frame_s = 0.0464
+    model.observe(compute_s=0.010, audio_s=frame_s, batch=1)
+    model.observe(compute_s=0.040, audio_s=frame_s, batch=8)
+    # Interpolated: batch b costs 10 + (b - 1) * 30/7 ms per 46.4 ms frame; 80% of real time
+    # is 37.1 ms, reached between 7 and 8.
+    assert model.cost(4) == pytest.approx((0.010 + 3 * 0.030 / 7) / frame_s)
+    assert model.realtime_streams(8, 0.2) == 7
+    assert model.realtime_streams(8, 0.0) == 8
+    # Beyond the largest measured batch: no better than linear.
+    assert model.cost(16) == pytest.approx(2 * model.cost(8))  # type: ignore[operator]
+
+
+def test_an_engine_slower_than_real_time_keeps_no_stream_at_real_time() -> None:
+    model = CostModel()
+    model.observe(compute_s=0.2, audio_s=0.0464, batch=1)
+    assert model.realtime_streams(4, 0.2) == 0.0
+
+
+def test_bad_settings_are_refused() -> None:
+    from streamtts.bounds import SettingsError
+
+    with pytest.raises(SettingsError):
+        SchedulingSettings(capacity_headroom=1.0)
+    with pytest.raises(SettingsError):
+        SchedulingSettings(max_send_ahead_ms=10)
