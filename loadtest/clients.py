@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 SAMPLE_RATE_HZ = 24_000
 BYTES_PER_SAMPLE = 2
 RECEIVE_TIMEOUT_S = 120.0
 _SENTENCE_END = re.compile(r"[.!?](\s|$)")
+OVERLOADED_CLOSE = 1013
 
 
 @dataclass
@@ -58,6 +60,8 @@ class UtteranceResult:
     underruns: int = 0
     min_lead_ms: float | None = None
     error: str | None = None
+    refused: bool = False  # the server said overloaded (a refusal, not a failure)
+    refusal_ms: float | None = None  # how long the refusal took
 
 
 @dataclass
@@ -76,11 +80,17 @@ def token_deltas(text: str, rng: random.Random) -> list[str]:
 
 
 async def speak_utterance(
-    ws: ClientConnection, context: str, text: str, cadence_s: float, rng: random.Random
+    ws: ClientConnection,
+    context: str,
+    text: str,
+    cadence_s: tuple[float, float],
+    rng: random.Random,
 ) -> UtteranceResult:
+    """``cadence_s``: the range of the pause between two tokens (drawn per token)."""
     result = UtteranceResult()
     clock = PlaybackClock()
     first_sentence_sent_s: float | None = None
+    asked_s = time.perf_counter()
     await ws.send(orjson.dumps({"type": "start", "context": context}).decode())
 
     async def send_text() -> None:
@@ -93,7 +103,7 @@ async def speak_utterance(
             sent += piece
             if first_sentence_sent_s is None and _SENTENCE_END.search(sent):
                 first_sentence_sent_s = time.perf_counter()
-            await asyncio.sleep(cadence_s)
+            await asyncio.sleep(rng.uniform(*cadence_s))
         await ws.send(orjson.dumps({"type": "end", "context": context}).decode())
         if first_sentence_sent_s is None:
             first_sentence_sent_s = time.perf_counter()
@@ -111,11 +121,21 @@ async def speak_utterance(
                 clock.on_audio(now_s, seconds)
                 continue
             message = orjson.loads(frame)
+            if message.get("type") == "error" and message.get("code") == "overloaded":
+                result.refused = True
+                result.refusal_ms = 1000.0 * (now_s - asked_s)
+                break
             if message.get("type") == "error":
                 result.error = message.get("code", "error")
             if message.get("type") == "done" and message.get("context") == context:
                 result.server_ttfa_ms = message["stats"].get("ttfa_ms")
                 break
+    except ConnectionClosed as exc:
+        if exc.rcvd is not None and exc.rcvd.code == OVERLOADED_CLOSE:
+            result.refused = True
+            result.refusal_ms = 1000.0 * (time.perf_counter() - asked_s)
+        else:
+            result.error = type(exc).__name__
     except (TimeoutError, OSError) as exc:
         result.error = type(exc).__name__
     finally:
@@ -128,15 +148,27 @@ async def speak_utterance(
 
 
 async def run_client(
-    ws_url: str, client_id: int, texts: list[str], cadence_s: float, seed: int
+    ws_url: str, client_id: int, texts: list[str], cadence_s: tuple[float, float], seed: int
 ) -> ClientResult:
     rng = random.Random(seed * 7919 + client_id)
     out = ClientResult()
+    asked_s = time.perf_counter()
     try:
         async with connect(ws_url, max_size=None) as ws:
             for i, text in enumerate(texts):
                 context = f"c{client_id}-{i}"
-                out.utterances.append(await speak_utterance(ws, context, text, cadence_s, rng))
+                result = await speak_utterance(ws, context, text, cadence_s, rng)
+                out.utterances.append(result)
+                if result.refused or result.error:
+                    break
+    except ConnectionClosed as exc:  # refused as the socket opened (1013)
+        refused = exc.rcvd is not None and exc.rcvd.code == OVERLOADED_CLOSE
+        waited_ms = 1000.0 * (time.perf_counter() - asked_s)
+        out.utterances.append(
+            UtteranceResult(refused=True, refusal_ms=waited_ms)
+            if refused
+            else UtteranceResult(error=type(exc).__name__)
+        )
     except OSError as exc:
         out.utterances.append(UtteranceResult(error=type(exc).__name__))
     return out

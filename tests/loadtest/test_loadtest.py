@@ -12,6 +12,7 @@ import pytest
 
 from loadtest.__main__ import percentile
 from loadtest.clients import PlaybackClock
+from tests.servers import ServerProcess
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 
@@ -35,12 +36,13 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([float(i) for i in range(1, 101)], 95) == 95.0
 
 
+@pytest.mark.timeout(600)
 def test_a_bounded_run_against_a_live_server(live_fish_server: str, tmp_path: Path) -> None:
     out_json, out_png = tmp_path / "lt.json", tmp_path / "lt.png"
     result = subprocess.run(
         [sys.executable, "-m", "loadtest", "--url", live_fish_server, "--levels", "1", "2",
          "--utterances", "1", "--cadence-ms", "5", "--json", str(out_json), "--png", str(out_png)],
-        cwd=REPO_DIR, capture_output=True, text=True, timeout=240,
+        cwd=REPO_DIR, capture_output=True, text=True, timeout=480,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = json.loads(out_json.read_text())["levels"]
@@ -49,6 +51,31 @@ def test_a_bounded_run_against_a_live_server(live_fish_server: str, tmp_path: Pa
     assert all(r["ttfa_ms_p50"] is not None and r["audio_s"] > 0 for r in rows)
     assert out_png.stat().st_size > 10_000
     assert "TTFA p50" in result.stdout
+
+
+@pytest.mark.timeout(600)
+def test_find_capacity_ramps_until_refusals_and_counts_them_apart(tmp_path: Path) -> None:
+    """A server capped at two active contexts: the ramp meets refusals above two, counts them
+    as refusals (not errors) and reports at most two streams served cleanly."""
+    server = ServerProcess(env={"STREAMTTS_MAX_ACTIVE_CONTEXTS": "2"})
+    try:
+        server.wait_ready()
+        out_json = tmp_path / "capacity.json"
+        result = subprocess.run(
+            [sys.executable, "-m", "loadtest", "--url", server.url, "--find-capacity",
+             "--max-clients", "8", "--cadence-ms", "5", "10", "--json", str(out_json),
+             "--png", ""],
+            cwd=REPO_DIR, capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out_json.read_text())
+    rows = {r["clients"]: r for r in report["levels"]}
+    assert 4 in rows and rows[4]["refused"] >= 2 and rows[4]["errors"] == 0
+    assert rows[4]["refusal_ms_max"] is not None
+    assert 1 <= report["capacity_streams"] <= 2
+    assert f"capacity: {report['capacity_streams']} concurrent streams" in result.stderr
 
 
 def test_refuses_non_loopback_targets() -> None:
