@@ -62,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="torch.compile the decode step as the server does with STREAMTTS_COMPILE",
     )
+    bench.add_argument(
+        "--fidelity",
+        action="store_true",
+        help="instead of speed: how far bf16 and int8 move the model's logits and greedy "
+        "frames from fp32 (teacher-forced, the serving paths)",
+    )
+    bench.add_argument("--steps", type=int, default=48, help="--fidelity: frames compared")
     bench.add_argument("--json", action="store_true", help="print JSON only")
     bench.set_defaults(run=_bench)
     return parser
@@ -140,6 +147,13 @@ def _bench(args: argparse.Namespace) -> int:
 
     from streamtts.bench import BenchOptions, run
 
+    if args.fidelity:
+        from streamtts.fidelity import FidelityOptions, run_fidelity
+
+        device = "cpu" if args.device == "auto" else args.device
+        result = run_fidelity(FidelityOptions(args.model, device, args.steps))
+        print(json.dumps(result, indent=2))
+        return 0
     options = BenchOptions(args.model, args.device, args.dtype, args.repeats)
     result = run(dataclasses.replace(options, compile=args.compile))
     if args.json:

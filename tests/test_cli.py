@@ -106,3 +106,24 @@ def test_bench_counts_packed_bf16_weights() -> None:
     assert runs["bf16"]["dtype"] == "bfloat16"
     fp32_bytes = runs["fp32"]["weight_bytes_per_step"]
     assert runs["bf16"]["weight_bytes_per_step"] * 2 == fp32_bytes
+
+
+def test_bench_fidelity_compares_bf16_and_int8_with_fp32() -> None:
+    """On the upstream-format fixture checkpoint: both precisions stay close to fp32 by every
+    figure, and int8 is further from it than bf16 (it is the coarser of the two)."""
+    import json
+
+    from tests.fish_fixture import fixture_dir
+
+    result = run_cli("bench", "--fidelity", "--model", str(fixture_dir()), "--steps", "12")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert 1 <= report["frames"] <= 12
+    for precision in ("bf16", "int8"):
+        for head in ("slow", "codebooks"):
+            figures = report[precision][head]
+            assert 0 < figures["rel_rms"] < 0.05 and figures["max_abs"] > 0
+            assert 0.8 <= figures["top1"] <= 1 and 0.9 <= figures["top_p_overlap"] <= 1
+        agreement = report[precision]["greedy_agreement"]
+        assert 0 <= agreement["prefix"] <= agreement["all"] <= 1
+    assert report["int8"]["slow"]["rel_rms"] > report["bf16"]["slow"]["rel_rms"]
