@@ -4,11 +4,12 @@ engine of the test's choosing (the ``create_app(engine=...)`` seam)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from streamtts.config import Settings
 from streamtts.engine.base import Engine
@@ -27,11 +28,25 @@ class RunningApp:
 
 
 @asynccontextmanager
-async def serve_app(engine: Engine, settings: Settings | None = None) -> AsyncIterator[RunningApp]:
+async def serve_app(
+    engine: Engine,
+    settings: Settings | None = None,
+    wrap: Callable[[ASGIApp], ASGIApp] | None = None,
+) -> AsyncIterator[RunningApp]:
+    """``settings.ssl_certfile``/``ssl_keyfile`` make it an https:// / wss:// server; ``wrap``
+    puts an ASGI layer (a wire recorder, say) around the app."""
     port = free_port()
     settings = (settings or Settings()).replace(port=port)
     app = create_app(settings, engine)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        app if wrap is None else wrap(app),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        ssl_certfile=settings.ssl_certfile or None,
+        ssl_keyfile=settings.ssl_keyfile or None,
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
@@ -41,8 +56,9 @@ async def serve_app(engine: Engine, settings: Settings | None = None) -> AsyncIt
                     task.result()  # raises the start-up error
                     raise RuntimeError("uvicorn exited before it started")
                 await asyncio.sleep(0.02)
-        url = f"http://127.0.0.1:{port}"
-        yield RunningApp(url, url.replace("http://", "ws://"), app.state.streamtts)
+        scheme = "https" if settings.tls else "http"
+        url = f"{scheme}://127.0.0.1:{port}"
+        yield RunningApp(url, url.replace("http", "ws", 1), app.state.streamtts)
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, START_TIMEOUT_S)
