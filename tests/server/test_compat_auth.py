@@ -32,8 +32,9 @@ async def elevenlabs_works(app: RunningApp, path: str, headers: dict[str, str]) 
 async def cartesia_works(app: RunningApp, path: str, headers: dict[str, str]) -> None:
     ws = await JsonSocket.open(app.ws_url + path, headers)
     fmt = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000}
-    await ws.send(context_id="k", transcript="Hi.", voice="default", output_format=fmt)
-    await ws.send(context_id="k", transcript="", voice="default", output_format=fmt)
+    request = {"context_id": "k", "voice": "default", "output_format": fmt}
+    await ws.send(**request, transcript="Hi.", **{"continue": True})
+    await ws.send(**request, transcript="", **{"continue": False})
     messages = await ws.until(lambda m: m["type"] in ("done", "error"))
     assert messages[-1] == {"type": "done", "context_id": "k", "done": True, "status_code": 206}
     await ws.close()
