@@ -4,8 +4,9 @@ engine of the test's choosing (the ``create_app(engine=...)`` seam)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 import uvicorn
@@ -62,3 +63,36 @@ async def serve_app(
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, START_TIMEOUT_S)
+
+
+@contextmanager
+def serve_app_in_thread(engine: Engine, settings: Settings | None = None) -> Iterator[RunningApp]:
+    """:func:`serve_app` on an event loop of its own thread, for synchronous clients (the
+    hypothesis fuzzers)."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    stop = asyncio.Event()
+    found: list[RunningApp | BaseException] = []
+
+    async def main() -> None:
+        try:
+            async with serve_app(engine, settings) as app:
+                found.append(app)
+                ready.set()
+                await stop.wait()
+        except BaseException as exc:
+            found.append(exc)
+            ready.set()
+            raise
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    ready.wait(START_TIMEOUT_S)
+    if not found or isinstance(found[0], BaseException):
+        raise RuntimeError("the in-thread server did not start") from (found or [None])[0]
+    try:
+        yield found[0]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(START_TIMEOUT_S)
+        loop.close()

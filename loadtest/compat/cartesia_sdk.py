@@ -18,7 +18,9 @@ from cartesia import AsyncCartesia, Cartesia
 
 from loadtest.compat import ANSWER, emit, tokens
 
-SECOND = "This context is cancelled as soon as its first audio arrives, so most of it is never spoken."
+SECOND = (
+    "This context is cancelled as soon as its first audio arrives, so most of it is never spoken."
+)
 THIRD = "The socket is still open, and this context is spoken in full."
 
 

@@ -101,7 +101,7 @@ async def run(args: argparse.Namespace) -> None:
     )
     ready = asyncio.Event()
 
-    @worker.event_handler("on_pipeline_started")  # type: ignore[misc]
+    @worker.event_handler("on_pipeline_started")
     async def _started(worker: PipelineWorker, frame: Frame) -> None:
         ready.set()
 

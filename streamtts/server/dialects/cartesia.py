@@ -21,7 +21,7 @@ from typing import Final
 
 import orjson
 
-from streamtts.options import OptionError, SynthesisOptions, parse_options
+from streamtts.options import TRANSPORT_FIELDS, OptionError, SynthesisOptions, parse_options
 from streamtts.protocol import (
     AudioFormat,
     CancelMessage,
@@ -93,10 +93,11 @@ def parse_request(fields: Fields, max_text_chars: int) -> GenerationRequest:
             f"{max_text_chars}",
             fields.context,
         )
-    fields.string("model_id")
-    fields.string("language")
-    for flag in ("add_timestamps", "add_phoneme_timestamps", "use_normalized_timestamps"):
-        fields.boolean(flag)
+    for name in TRANSPORT_FIELDS["cartesia"]:  # change nothing, but must be well-formed
+        if name in ("model_id", "language"):
+            fields.string(name)
+        else:
+            fields.boolean(name)
     if fields.raw("pronunciation_dict_id") is not None:
         raise _unsupported(fields, "pronunciation dictionaries are not supported")
     speed = fields.string("speed")

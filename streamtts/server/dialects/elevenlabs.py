@@ -333,6 +333,13 @@ class ElevenLabsDialect(Dialect):
         assert endpoint is not None, "opening() runs first"
         options = _options(fields, endpoint.seed)
         _check_generation_config(fields.object("generation_config"))
+        if fields.raw("pronunciation_dictionary_locators") not in (None, []):
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                "pronunciation dictionaries are not supported; leave "
+                "pronunciation_dictionary_locators unset",
+                context,
+            )
         self._contexts[context] = _Context(fields.raw("voice_settings"))
         return StartMessage(context, self._voice_id, endpoint.format, options)
 
