@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -52,14 +53,19 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
         )
 
+    def verify(self) -> ssl.SSLContext | bool:
+        """What an httpx client needs to trust this server."""
+        if self.certfile is None:
+            return True
+        return ssl.create_default_context(cafile=self.certfile)
+
     def wait_ready(self, timeout_s: float = SERVER_START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
             try:
-                verify: str | bool = str(self.certfile) if self.certfile is not None else True
-                response = httpx.get(self.url + "/readyz", timeout=1.0, verify=verify)
+                response = httpx.get(self.url + "/readyz", timeout=1.0, verify=self.verify())
                 if response.status_code == 200:
                     return
             except httpx.HTTPError:

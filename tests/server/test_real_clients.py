@@ -20,7 +20,7 @@ from streamtts.config import Settings
 from tests.app_server import serve_app
 from tests.fake_engine import FakeEngine, FakeStream
 from tests.json_socket import audio_of
-from tests.tls import Certificate, self_signed
+from loadtest.tls import Certificate, self_signed
 from tests.wire import Connection, WireRecorder
 
 KEY = "sk-real-clients"

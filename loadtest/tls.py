@@ -1,5 +1,7 @@
-"""A self-signed certificate for 127.0.0.1, made at test time (never checked in): the server's
-TLS certificate and, through ``SSL_CERT_FILE``, the clients' only trusted authority."""
+"""A self-signed certificate for 127.0.0.1, made when needed (never checked in): the server's TLS
+certificate and, through ``SSL_CERT_FILE``, the clients' trusted authority, for the tests and
+the measurements (the ElevenLabs SDK only connects with wss://). Needs ``cryptography`` (a dev
+dependency)."""
 
 from __future__ import annotations
 
