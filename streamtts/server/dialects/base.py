@@ -71,6 +71,15 @@ class RefusalCause(StrEnum):
     SHUTTING_DOWN = "shutting_down"
 
 
+# The error code a protocol's refusal message carries, per cause.
+REFUSAL_ERRORS: dict[RefusalCause, str] = {
+    RefusalCause.UNAUTHORIZED: "unauthorized",
+    RefusalCause.ORIGIN: "origin_not_allowed",
+    RefusalCause.OVERLOADED: "overloaded",
+    RefusalCause.SHUTTING_DOWN: "shutting_down",
+}
+
+
 @dataclass(frozen=True)
 class Refusal:
     """How a protocol turns a socket away. Where the server can answer the handshake with an

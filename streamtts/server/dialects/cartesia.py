@@ -34,6 +34,7 @@ from streamtts.protocol import (
     TextMessage,
 )
 from streamtts.server.dialects.base import (
+    REFUSAL_ERRORS,
     Action,
     Close,
     Dialect,
@@ -198,7 +199,7 @@ class CartesiaDialect(Dialect):
     @classmethod
     def refusal(cls, cause: RefusalCause, message: str) -> Refusal:
         status, close_code = _REFUSALS[cause]
-        body = _error_body(None, status, str(cause), message)
+        body = _error_body(None, status, REFUSAL_ERRORS[cause], message)
         return Refusal(
             close_code,
             message,

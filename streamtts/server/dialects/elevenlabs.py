@@ -40,6 +40,7 @@ from streamtts.protocol import (
     TextMessage,
 )
 from streamtts.server.dialects.base import (
+    REFUSAL_ERRORS,
     Action,
     Close,
     Dialect,
@@ -207,7 +208,7 @@ class ElevenLabsDialect(Dialect):
             RefusalCause.OVERLOADED: CloseCode.OVERLOADED,
             RefusalCause.SHUTTING_DOWN: CloseCode.GOING_AWAY,
         }[cause]
-        return Refusal(code, message, (_fatal(str(cause), message, code),))
+        return Refusal(code, message, (_fatal(REFUSAL_ERRORS[cause], message, code),))
 
     # ---- in ----
 
