@@ -150,6 +150,9 @@ async def test_errors_carry_the_context_and_end_it_and_other_contexts_go_on() ->
         await ws.send(**{**sdk("bad", "x"), "output_format": {**F32_44K, "sample_rate": 1}})
         [error] = await ws.until(lambda m: m["type"] == "error")
         assert error["context_id"] == "bad" and error["error_code"] == "unsupported_format"
+        await ws.send(**{**sdk("who", "x"), "voice": {"mode": "id", "id": "nobody"}})
+        [error] = await ws.until(lambda m: m["type"] == "error")
+        assert error["context_id"] == "who" and error["error_code"] == "unknown_voice"
         await ws.send(**sdk("ended", "Short.", more=False))
         await ws.send(**sdk("ended", "text after the end"))
         ended = await ws.until(of("ended"))

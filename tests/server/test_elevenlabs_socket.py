@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import socket
+import time
 from typing import Any
 
 import av
 import httpx
 import pytest
+from websockets.asyncio.client import connect
 
 from streamtts.config import Settings
 from streamtts.server.metrics import parse_exposition
@@ -325,3 +328,34 @@ async def test_shutdown_ends_open_contexts_with_an_error_then_closes_with_1001()
         ]
         assert ws.close_code == 1001
         await asyncio.wait_for(app.state.lifecycle.drained.wait(), 10)
+
+
+async def test_a_slow_reader_loses_only_its_own_context() -> None:
+    """The outbox's bound holds for this protocol too: a context whose audio the client does
+    not take ends with ``slow_consumer`` and its ``isFinal``; other sockets are served."""
+    fake = engine(samples_per_char=400)  # 25 ms of audio a character
+    settings = Settings().replace(max_output_buffer_ms=2000)
+    async with serve_app(fake, settings) as app, httpx.AsyncClient(base_url=app.url) as http:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", int(app.url.rsplit(":", 1)[1])))
+        sock.setblocking(False)
+        query = "output_format=pcm_48000&auto_mode=true"  # 96 kB a second of audio
+        slow = JsonSocket(await connect(multi(app, query), sock=sock, max_queue=1, max_size=None))
+        for _ in range(12):  # 45 s of audio, 6 MB of frames: more than the socket buffers
+            await slow.send(text="A sentence that takes a while to say. " * 4, context_id="slow")
+        deadline = time.monotonic() + 60
+        while True:
+            figures = parse_exposition((await http.get("/metrics")).text)
+            if figures.get('streamtts_errors_total{code="slow_consumer"}', 0) >= 1:
+                break
+            assert time.monotonic() < deadline, "no slow_consumer within 60 s"
+            await asyncio.sleep(0.2)
+        assert figures["streamtts_output_buffer_bytes"] == 0 and not fake.open_streams
+        other = await JsonSocket.open(multi(app))
+        await other.send(text="Others are served.", context_id="ok", flush=True)
+        await other.send(context_id="ok", close_context=True)
+        assert audio_of(await other.until(lambda m: m.get("isFinal") is True))
+        late = await slow.until(lambda m: m.get("isFinal") is True)
+        assert [m["error"] for m in late if "error" in m] == ["slow_consumer"]
+        assert late[-1] == {"isFinal": True, "contextId": "slow"}

@@ -16,11 +16,11 @@ import av
 import pytest
 
 from loadtest.compat import run_client
+from loadtest.tls import Certificate, self_signed
 from streamtts.config import Settings
 from tests.app_server import serve_app
 from tests.fake_engine import FakeEngine, FakeStream
 from tests.json_socket import audio_of
-from loadtest.tls import Certificate, self_signed
 from tests.wire import Connection, WireRecorder
 
 KEY = "sk-real-clients"

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from loadtest.compat import run_client
+from loadtest.tls import Certificate, self_signed
 from streamtts.audio import decode_samples
 from tests.servers import ServerProcess
-from loadtest.tls import Certificate, self_signed
 
 
 @pytest.fixture(scope="module")
