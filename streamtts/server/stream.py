@@ -178,9 +178,9 @@ class StreamSocket:
             elif action.context not in refused and not await self._deliver(action):
                 refused.add(action.context)
 
-    async def _reject(self, code: ErrorCode | str, message: str, context: str | None) -> None:
+    async def _reject(self, code: ErrorCode, message: str, context: str | None) -> None:
         self._state.metrics.errors_total.inc(str(code))
-        await self._perform(self._dialect.rejected(ErrorCode(code), message, context))
+        await self._perform(self._dialect.rejected(code, message, context))
 
     async def _deliver(self, message: ClientMessage) -> bool:
         """Apply one session message; False if it was refused."""
