@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlparse
 
 # A server with STREAMTTS_COMPILE compiles before it is ready: minutes on a small CPU at first.
@@ -18,14 +20,24 @@ PROGRESS_EVERY_S = 30.0
 
 
 class SpawnedServer:
-    def __init__(self, model: str) -> None:
+    """``certfile``/``keyfile``: serve https:// and wss:// with that certificate (which must be
+    its own authority, as ``loadtest.tls.self_signed`` makes it)."""
+
+    def __init__(
+        self, model: str, certfile: Path | None = None, keyfile: Path | None = None
+    ) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        tls: list[str] = []
+        context: ssl.SSLContext | None = None
+        if certfile is not None and keyfile is not None:
+            tls = ["--ssl-certfile", str(certfile), "--ssl-keyfile", str(keyfile)]
+            context = ssl.create_default_context(cafile=certfile)
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamtts", "serve", "--port", str(port), "--model", model,
-             "--log-level", "warning"],
+             "--log-level", "warning", *tls],
         )  # fmt: skip
         print(f"  starting server ({model}) on {self.url}...", file=sys.stderr)
         started = time.monotonic()
@@ -39,7 +51,9 @@ class SpawnedServer:
             if self.proc.poll() is not None:
                 raise RuntimeError("the server exited during start-up")
             try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as response:
+                with urllib.request.urlopen(
+                    self.url + "/readyz", timeout=1, context=context
+                ) as response:
                     if response.status == 200:
                         return
             except OSError:

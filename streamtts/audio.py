@@ -11,6 +11,8 @@ float32 arrays. Three layers:
   formats of OpenAI ``/v1/audio/speech``: ``pcm``, ``wav``, ``mp3``, ``opus`` (Ogg), ``flac``
   and ``aac`` (ADTS). Each ``write`` returns the bytes that are ready now, so a response can be
   streamed while audio is still being generated.
+- :func:`make_stream_encoder` — one WebSocket context's audio: a raw encoding (stateless) or a
+  streamed mp3 (the ElevenLabs protocol's default), behind the same ``write``/``finish``.
 
 Conversions shared by every encoder (the one place they are defined):
 
@@ -425,8 +427,10 @@ class _AvEncoder(ContainerEncoder):
         "aac": ("adts", "aac", "fltp", AAC_BIT_RATE_BPS),
     }
 
-    def __init__(self, fmt: str, sample_rate_hz: int) -> None:
-        container_name, codec_name, self._sample_format, bit_rate_bps = self._SPECS[fmt]
+    def __init__(self, fmt: str, sample_rate_hz: int, bit_rate_bps: int | None = None) -> None:
+        container_name, codec_name, self._sample_format, default_bps = self._SPECS[fmt]
+        if bit_rate_bps is None:
+            bit_rate_bps = default_bps
         self.format = fmt
         self.sample_rate_hz = sample_rate_hz
         self.output_sample_rate_hz = _codec_rate_hz(fmt, codec_name, sample_rate_hz)
@@ -514,9 +518,11 @@ def _codec_rate_hz(fmt: str, codec_name: str, sample_rate_hz: int) -> int:
     return min(higher) if higher else max(rates)
 
 
-def make_container_encoder(fmt: str, sample_rate_hz: int) -> ContainerEncoder:
+def make_container_encoder(
+    fmt: str, sample_rate_hz: int, bit_rate_bps: int | None = None
+) -> ContainerEncoder:
     """A streaming encoder for ``fmt`` (one of :data:`CONTAINER_FORMATS`) fed mono float
-    samples at ``sample_rate_hz``.
+    samples at ``sample_rate_hz``; ``bit_rate_bps`` overrides the lossy codecs' bit rate.
 
     - ``pcm``: headerless s16le at ``sample_rate_hz`` (OpenAI: 24 kHz).
     - ``wav``: 44-byte header with unknown-length sentinels, then s16le.
@@ -534,5 +540,66 @@ def make_container_encoder(fmt: str, sample_rate_hz: int) -> ContainerEncoder:
     if fmt == "wav":
         return _WavEncoder(rate)
     if fmt in _AvEncoder._SPECS:
-        return _AvEncoder(fmt, rate)
+        return _AvEncoder(fmt, rate, bit_rate_bps)
     raise ValueError(f"unsupported audio format {fmt!r}; expected one of {CONTAINER_FORMATS}")
+
+
+# --------------------------------------------------------------------------------------------
+# One WebSocket context's encoder
+# --------------------------------------------------------------------------------------------
+
+STREAM_CONTAINERS: Final = ("mp3",)
+"""Encodings of a WebSocket context that are a compressed stream rather than raw samples."""
+
+
+class StreamEncoder(abc.ABC):
+    """One context's audio, chunk by chunk: ``write`` returns the bytes ready now (possibly
+    ``b""``), ``finish`` the rest at the end of the context, ``close`` releases it unfinished."""
+
+    @abc.abstractmethod
+    def write(self, samples_f32: npt.ArrayLike) -> bytes: ...
+
+    def finish(self) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        return None
+
+
+class _RawStreamEncoder(StreamEncoder):
+    def __init__(self, encoding: str) -> None:
+        if encoding not in SUPPORTED_ENCODINGS:
+            raise ValueError(
+                f"unsupported encoding {encoding!r}; expected one of {SUPPORTED_ENCODINGS}"
+            )
+        self._encoding = encoding
+
+    def write(self, samples_f32: npt.ArrayLike) -> bytes:
+        return encode_samples(samples_f32, self._encoding)
+
+
+class _ContainerStreamEncoder(StreamEncoder):
+    def __init__(self, encoder: ContainerEncoder) -> None:
+        self._encoder = encoder
+
+    def write(self, samples_f32: npt.ArrayLike) -> bytes:
+        return self._encoder.write(samples_f32)
+
+    def finish(self) -> bytes:
+        return self._encoder.finish()
+
+    def close(self) -> None:
+        self._encoder.close()
+
+
+def make_stream_encoder(
+    encoding: str, sample_rate_hz: int, bit_rate_bps: int | None = None
+) -> StreamEncoder:
+    """An encoder for one context: a raw encoding of :data:`SUPPORTED_ENCODINGS` (each chunk
+    encoded alone), or ``mp3`` (one MPEG audio stream for the whole context: its frames are
+    returned as the codec completes them, and the codec's last frame at ``finish``)."""
+    if encoding in STREAM_CONTAINERS:
+        return _ContainerStreamEncoder(
+            make_container_encoder(encoding, sample_rate_hz, bit_rate_bps)
+        )
+    return _RawStreamEncoder(encoding)

@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default 8000)")
     _add_model(serve)
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--ssl-certfile", help="PEM certificate: serve https:// and wss:// (TLS)")
+    serve.add_argument("--ssl-keyfile", help="PEM private key of --ssl-certfile")
     serve.set_defaults(run=_serve)
 
     say = sub.add_parser("say", help="synthesise text to a WAV file")
@@ -90,7 +92,12 @@ def _serve(args: argparse.Namespace) -> int:
     from streamtts.server.shutdown import GracefulServer, Lifecycle
 
     settings = Settings.from_env(
-        host=args.host, port=args.port, model=args.model, log_level=args.log_level
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        log_level=args.log_level,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
     )
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -102,6 +109,9 @@ def _serve(args: argparse.Namespace) -> int:
     warn_if_exposed(settings.host, keys, logging.getLogger("streamtts.server"))
     if keys.enabled:
         logging.getLogger("streamtts.server").info("API keys: %d configured", len(keys))
+    for path in (settings.ssl_certfile, settings.ssl_keyfile):
+        if path and not Path(path).is_file():
+            raise SettingsError(f"TLS file not found: {path}")
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -116,6 +126,8 @@ def _serve(args: argparse.Namespace) -> int:
         # Our own drain (GracefulServer) has already ended every context by the time uvicorn
         # shuts down; this only bounds the wait for connections that will not close.
         timeout_graceful_shutdown=3,
+        ssl_certfile=settings.ssl_certfile or None,
+        ssl_keyfile=settings.ssl_keyfile or None,
     )
     install_log_redaction()
 

@@ -51,6 +51,10 @@ class Settings:
     # Origin equal to the request's own host is always allowed; no Origin header (a
     # non-browser client) is allowed.
     allowed_origins: str = ""
+    # TLS: a PEM certificate (chain) and its private key; with both the server speaks only
+    # https:// and wss:// (the ElevenLabs SDK connects with wss:// and nothing else).
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
 
     limits: Limits = field(default_factory=Limits)
     segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)
@@ -65,6 +69,12 @@ class Settings:
             raise SettingsError(f"port must be 1..65535, got {self.port}")
         if self.watchdog_interval_s <= 0:
             raise SettingsError("watchdog_interval_s must be > 0")
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise SettingsError("TLS needs both ssl_certfile and ssl_keyfile, or neither")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.ssl_certfile)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -168,6 +168,29 @@ TRANSPORT_FIELDS: dict[str, dict[str, str]] = {
         "stream_format": "'audio' (a streamed body) or 'sse' (server-sent events)",
         "stream": "accepted as true (the body always streams), as other OpenAI-style servers",
     },
+    # ElevenLabs stream-input / multi-stream-input: query parameters and message fields.
+    "elevenlabs": {
+        "model_id": "any model name is accepted; the server's one model speaks",
+        "language_code": "the voice speaks its own language",
+        "enable_logging": "true or false; the server logs no text either way",
+        "sync_alignment": "true or false; alignment is never sent (no engine has real "
+        "character timings)",
+        "optimize_streaming_latency": "a latency hint; the server always streams as soon as it can",
+        "try_trigger_generation": "a legacy latency hint; speech starts at the first sentence "
+        "or clause end",
+        "generation_config.chunk_length_schedule": "checked as the vendor defines it (50 to "
+        "500 per item); a buffering hint that the server's sentence segmentation replaces",
+        "xi-api-key, authorization (in a message)": "keys are read from the handshake only",
+    },
+    # Cartesia /tts/websocket: generation request fields.
+    "cartesia": {
+        "model_id": "any model name is accepted; the server's one model speaks",
+        "language": "the voice speaks its own language",
+        "add_timestamps": "true or false; timestamps are never sent (no engine has real word "
+        "timings)",
+        "add_phoneme_timestamps": "true or false; phoneme timestamps are never sent",
+        "use_normalized_timestamps": "true or false (no timestamps are sent)",
+    },
 }
 
 

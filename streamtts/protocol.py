@@ -59,8 +59,13 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True)
 class AudioFormat:
+    """One context's audio: a raw encoding of ``streamtts.audio.SUPPORTED_ENCODINGS`` (all this
+    protocol offers) or, for the compatibility protocols, a stream of ``STREAM_CONTAINERS``
+    (mp3) at ``bit_rate_bps``."""
+
     encoding: str = DEFAULT_ENCODING
     sample_rate: int = DEFAULT_SAMPLE_RATE_HZ
+    bit_rate_bps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,9 @@ class StartMessage:
     voice: str | None = None
     format: AudioFormat = AudioFormat()
     options: SynthesisOptions = SynthesisOptions()
+    # How long this context's incomplete text may wait (a protocol's buffering hint, e.g.
+    # Cartesia's max_buffer_delay_ms); the server's own setting when smaller or unset.
+    max_buffer_delay_ms: float | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ A context id may be reused once its previous context is gone.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
@@ -211,9 +212,11 @@ class Session:
                 f"unknown voice {voice!r}; GET /v1/voices lists the voices",
                 message.context,
             )
-        self._contexts[message.context] = _Context(
-            message.context, TextSegmenter(self.segmenter_options)
-        )
+        options = self.segmenter_options
+        delay_ms = message.max_buffer_delay_ms
+        if delay_ms is not None and 0 < delay_ms < options.max_buffer_delay_ms:
+            options = dataclasses.replace(options, max_buffer_delay_ms=delay_ms)
+        self._contexts[message.context] = _Context(message.context, TextSegmenter(options))
         return [OpenContext(message.context, voice, message.format, message.options)]
 
     def _text(self, ctx: _Context, text: str, now_ms: float) -> list[Effect]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from streamtts.config import Settings
 from streamtts.engine.base import Engine
@@ -29,15 +31,28 @@ class RunningApp:
 
 @asynccontextmanager
 async def serve_app(
-    engine: Engine, settings: Settings | None = None, admit_by_capacity: bool = False
+    engine: Engine,
+    settings: Settings | None = None,
+    wrap: Callable[[ASGIApp], ASGIApp] | None = None,
+    admit_by_capacity: bool = False,
 ) -> AsyncIterator[RunningApp]:
-    """``admit_by_capacity``: off unless asked, since it depends on the machine's speed."""
+    """``settings.ssl_certfile``/``ssl_keyfile`` make it an https:// / wss:// server; ``wrap``
+    puts an ASGI layer (a wire recorder, say) around the app; ``admit_by_capacity`` is off
+    unless asked, since it depends on the machine's speed."""
     port = free_port()
     settings = (settings or Settings()).replace(port=port, admit_by_capacity=admit_by_capacity)
     if not settings.voices.data_dir and not settings.voices.voices_dir:
         settings = settings.replace(data_dir=tempfile.mkdtemp(prefix="streamtts-test-"))
     app = create_app(settings, engine)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        app if wrap is None else wrap(app),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        ssl_certfile=settings.ssl_certfile or None,
+        ssl_keyfile=settings.ssl_keyfile or None,
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
@@ -47,8 +62,42 @@ async def serve_app(
                     task.result()  # raises the start-up error
                     raise RuntimeError("uvicorn exited before it started")
                 await asyncio.sleep(0.02)
-        url = f"http://127.0.0.1:{port}"
-        yield RunningApp(url, url.replace("http://", "ws://"), app.state.streamtts)
+        scheme = "https" if settings.tls else "http"
+        url = f"{scheme}://127.0.0.1:{port}"
+        yield RunningApp(url, url.replace("http", "ws", 1), app.state.streamtts)
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, START_TIMEOUT_S)
+
+
+@contextmanager
+def serve_app_in_thread(engine: Engine, settings: Settings | None = None) -> Iterator[RunningApp]:
+    """:func:`serve_app` on an event loop of its own thread, for synchronous clients (the
+    hypothesis fuzzers)."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    stop = asyncio.Event()
+    found: list[RunningApp | BaseException] = []
+
+    async def main() -> None:
+        try:
+            async with serve_app(engine, settings) as app:
+                found.append(app)
+                ready.set()
+                await stop.wait()
+        except BaseException as exc:
+            found.append(exc)
+            ready.set()
+            raise
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    ready.wait(START_TIMEOUT_S)
+    if not found or isinstance(found[0], BaseException):
+        raise RuntimeError("the in-thread server did not start") from (found or [None])[0]
+    try:
+        yield found[0]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(START_TIMEOUT_S)
+        loop.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -54,6 +55,7 @@ class FakeEngine(Engine):
         self.chunk_delay_s = chunk_delay_s
         self._slots = slots
         self.open_streams: set[FakeStream] = set()
+        self.streams: list[FakeStream] = []  # every stream opened, in order
         self.opened: list[SynthesisOptions] = []
         self.cloned_voices_opened: list[ClonedVoice] = []
         self.started = False
@@ -107,6 +109,7 @@ class FakeEngine(Engine):
         self.opened.append(options)
         stream = FakeStream(self)
         self.open_streams.add(stream)
+        self.streams.append(stream)
         return stream
 
 
@@ -118,6 +121,9 @@ class FakeStream(EngineStream):
         self.closed = False
         self.segments: list[str] = []
         self.stats = StreamStats()
+        # time.monotonic() of each chunk handed out, and of the cancel (the barge-in tests)
+        self.chunk_times: list[float] = []
+        self.cancelled_at: float | None = None
 
     async def synthesize(self, text: str) -> AsyncIterator[PcmF32]:
         if FAIL in text:
@@ -131,15 +137,20 @@ class FakeStream(EngineStream):
             if self.cancelled.is_set():
                 return
             await asyncio.sleep(engine.chunk_delay_s)
+            if self.cancelled.is_set():
+                return
             piece = tone[start : start + engine.chunk_samples]
             self.stats.audio_samples += piece.size
+            self.chunk_times.append(time.monotonic())
             yield piece
         self.stats.segments += 1
 
     def cancel(self) -> None:
+        if self.cancelled_at is None:
+            self.cancelled_at = time.monotonic()
         self.cancelled.set()
 
     def close(self) -> None:
-        self.cancel()
+        self.cancelled.set()  # implies cancel; ``cancelled_at`` is for real cancels only
         self.closed = True
         self._engine.open_streams.discard(self)

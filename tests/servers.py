@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -24,12 +25,24 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``streamtts serve`` in a child process; stopped (SIGTERM, then SIGKILL) on exit."""
+    """``streamtts serve`` in a child process; stopped (SIGTERM, then SIGKILL) on exit. With
+    ``certfile`` (a PEM certificate that is its own authority, e.g. ``tests.tls.self_signed``)
+    and ``keyfile`` it serves https:// and wss://."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        certfile: Path | None = None,
+        keyfile: Path | None = None,
+    ) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}"
+        self.certfile = certfile
+        secure = "s" if certfile is not None else ""
+        self.url = f"http{secure}://127.0.0.1:{self.port}"
+        self.ws_url = f"ws{secure}://127.0.0.1:{self.port}"
+        if certfile is not None and keyfile is not None:
+            args = (*args, "--ssl-certfile", str(certfile), "--ssl-keyfile", str(keyfile))
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"streamtts-{self.port}.log"
         self._log = self.log_path.open("wb")
         cmd = [sys.executable, "-m", "streamtts", "serve", "--host", "127.0.0.1"]
@@ -49,13 +62,20 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
         )
 
+    def verify(self) -> ssl.SSLContext | bool:
+        """What an httpx client needs to trust this server."""
+        if self.certfile is None:
+            return True
+        return ssl.create_default_context(cafile=self.certfile)
+
     def wait_ready(self, timeout_s: float = SERVER_START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
             try:
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
+                response = httpx.get(self.url + "/readyz", timeout=1.0, verify=self.verify())
+                if response.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -57,6 +57,11 @@ def test_say_with_the_synthetic_fish_model(tmp_path: Path) -> None:
     [
         (["say", "x", "-o", "/tmp/x.wav", "--model", "nonsense"], "unknown model"),
         (["serve", "--port", "99999"], "port must be"),
+        (["serve", "--ssl-certfile", "/nonexistent.pem"], "TLS needs both"),
+        (
+            ["serve", "--ssl-certfile", "/nonexistent.pem", "--ssl-keyfile", "/nonexistent.key"],
+            "TLS file not found: /nonexistent.pem",
+        ),
         (["say", "x", "-o", "/tmp/x.wav", "--speed", "9"], "must satisfy 0.25 ≤ speed ≤ 4"),
         (
             ["say", "x", "-o", "/tmp/x.wav", "--speed", "2", "--model", "synthetic:tiny"],

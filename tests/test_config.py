@@ -44,11 +44,19 @@ def test_environment_and_overrides_reach_their_sections() -> None:
         ({"STREAMTTS_FIRST_SEGMENT_MIN_CHARS": "900"}, "first_segment_min_chars"),
         ({"STREAMTTS_DTYPE": "fp8"}, "dtype must be one of"),
         ({"STREAMTTS_PORT": "0"}, "port must be 1..65535"),
+        ({"STREAMTTS_SSL_CERTFILE": "cert.pem"}, "TLS needs both ssl_certfile and ssl_keyfile"),
+        ({"STREAMTTS_SSL_KEYFILE": "key.pem"}, "TLS needs both ssl_certfile and ssl_keyfile"),
     ],
 )
 def test_bad_values_are_refused_clearly(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         Settings.from_env(env)
+
+
+def test_tls_from_the_environment() -> None:
+    settings = Settings.from_env({"STREAMTTS_SSL_CERTFILE": "c.pem", "STREAMTTS_SSL_KEYFILE": "k"})
+    assert settings.tls and settings.ssl_certfile == "c.pem" and settings.ssl_keyfile == "k"
+    assert not Settings().tls
 
 
 def test_sections_validate_on_construction_not_only_from_the_environment() -> None:

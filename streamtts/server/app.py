@@ -13,9 +13,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.websockets import WebSocket
 
 from streamtts.config import Settings
 from streamtts.engine.base import Engine
@@ -25,8 +24,8 @@ from streamtts.server import voices as server_voices
 from streamtts.server.auth import ApiKeys, OriginPolicy, SecurityMiddleware
 from streamtts.server.metrics import CONTENT_TYPE, Metrics
 from streamtts.server.shutdown import watchdog
+from streamtts.server.sockets import dialect_for_path, socket_routes
 from streamtts.server.state import AppState
-from streamtts.server.stream import serve_stream
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +94,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     async def speech(request: Request) -> Response:
         return await openai.speech(request, state)
 
-    async def stream(ws: WebSocket) -> None:
-        await serve_stream(ws, state)
-
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics),
@@ -108,7 +104,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         Route("/v1/audio/voices", voices, methods=["GET"]),
         Route("/v1/models", models),
         Route("/v1/audio/speech", speech, methods=["POST"]),
-        WebSocketRoute("/v1/stream", stream),
+        *socket_routes(state),
     ]
     if STATIC_DIR.is_dir():
         routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))
@@ -118,6 +114,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             keys=keys,
             origins=OriginPolicy(settings.allowed_origins),
             on_reject=state.metrics.rejected_total.inc,
+            dialect_for_path=dialect_for_path,
         )
     ]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
@@ -139,7 +136,7 @@ def _register_gauges(metrics: Metrics, state: AppState) -> None:
     )
     metrics.gauge(
         "streamtts_open_sockets",
-        "Open /v1/stream WebSockets.",
+        "Open streaming WebSockets (every protocol).",
         lambda: state.lifecycle.open_sockets,
     )
     metrics.gauge(

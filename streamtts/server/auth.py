@@ -1,18 +1,23 @@
 """API keys and the browser Origin allow-list, enforced by one ASGI middleware before any work.
 
-Credentials, in the order they are looked for:
+Credentials, in the order they are looked for (the same keys for every interface):
 
-- ``Authorization: Bearer <key>`` (HTTP and WebSocket),
-- ``?token=<key>`` in the URL (browsers cannot set headers on a WebSocket),
+- ``Authorization: Bearer <key>`` (HTTP and WebSocket; the Cartesia SDK),
+- ``xi-api-key: <key>`` (ElevenLabs clients) or ``X-API-Key: <key>`` (Pipecat's Cartesia
+  service),
+- ``?token=<key>`` or ``?api_key=<key>`` (Cartesia) in the URL (browsers cannot set headers on a
+  WebSocket),
 - the WebSocket subprotocol ``streamtts.bearer.<key>`` (``Sec-WebSocket-Protocol``); the server
   answers with the subprotocol ``streamtts`` when the client offered it too, else with the
   ``streamtts.bearer.<key>`` entry it was sent (a browser requires one offered entry back).
 
 Keys are compared with :func:`hmac.compare_digest` against every configured key (no early
-exit). Protected: every path under ``/v1/`` and ``/metrics``; ``/healthz``, ``/readyz`` and the
-static player page stay open. A refused HTTP request gets 401 with an OpenAI-style error body
-and ``WWW-Authenticate: Bearer``; a refused WebSocket is accepted and closed at once with 1008
-(so browsers see the code), before the endpoint runs.
+exit). Protected: every path under ``/v1/`` and ``/tts/`` and ``/metrics``; ``/healthz``,
+``/readyz`` and the static player page stay open. A refused HTTP request gets 401 with an
+OpenAI-style error body and ``WWW-Authenticate: Bearer``; a refused WebSocket gets its
+protocol's refusal (``Dialect.refusal``: the native protocol and ElevenLabs accept and close at
+once with 1008, so browsers see the code; Cartesia answers the handshake with HTTP 401), before
+the endpoint runs.
 """
 
 from __future__ import annotations
@@ -23,14 +28,16 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from streamtts.config import Settings
-from streamtts.protocol import CloseCode
+from streamtts.server.dialects.base import Dialect, RefusalCause
+from streamtts.server.dialects.native import NativeDialect
+from streamtts.server.refusal import send_refusal
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +45,8 @@ SUBPROTOCOL = "streamtts"
 BEARER_SUBPROTOCOL_PREFIX = "streamtts.bearer."
 SUBPROTOCOL_SCOPE_KEY = "streamtts.subprotocol"
 _OPEN_PATHS = ("/healthz", "/readyz")
+_KEY_HEADERS = (b"xi-api-key", b"x-api-key")
+_KEY_QUERY_PARAMS = ("token", "api_key")
 
 
 class ApiKeys:
@@ -73,7 +82,7 @@ class ApiKeys:
 
 
 def is_protected(path: str) -> bool:
-    return path.startswith("/v1/") or path == "/v1" or path == "/metrics"
+    return path.startswith(("/v1/", "/tts/")) or path in ("/v1", "/metrics")
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -99,9 +108,14 @@ def credential(scope: Scope) -> tuple[str | None, str | None]:
         scheme, _, value = authorization.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip(), None
+    for name in _KEY_HEADERS:
+        key = _header(scope, name)
+        if key is not None and key.strip():
+            return key.strip(), None
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    if query.get("token"):
-        return query["token"][0], None
+    for param in _KEY_QUERY_PARAMS:
+        if query.get(param):
+            return query[param][0], None
     for entry in offered_subprotocols(scope):
         if entry.startswith(BEARER_SUBPROTOCOL_PREFIX):
             return entry[len(BEARER_SUBPROTOCOL_PREFIX) :], entry
@@ -136,14 +150,19 @@ class OriginPolicy:
 
 
 class SecurityMiddleware:
+    """``dialect_for_path`` names the protocol of a WebSocket path, whose refusal a refused
+    socket gets (default: the native protocol's)."""
+
     def __init__(
         self,
         app: ASGIApp,
         keys: ApiKeys,
         origins: OriginPolicy,
         on_reject: Callable[[str], None] = lambda cause: None,
+        dialect_for_path: Callable[[str], type[Dialect]] = lambda path: NativeDialect,
     ) -> None:
         self.app, self.keys, self.origins, self.on_reject = app, keys, origins, on_reject
+        self.dialect_for_path = dialect_for_path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -154,15 +173,32 @@ class SecurityMiddleware:
         elif scope["type"] == "websocket":
             key, bearer_entry = credential(scope)
             if not self.origins.allows(scope):
-                self.on_reject("origin")
-                await _refuse_socket(scope, receive, send, bearer_entry, "origin not allowed")
+                await self._refuse_socket(
+                    scope, receive, send, bearer_entry, RefusalCause.ORIGIN, "origin not allowed"
+                )
                 return
             if is_protected(scope["path"]) and not self.keys.check(key):
-                self.on_reject("unauthorized")
-                await _refuse_socket(scope, receive, send, bearer_entry, "unauthorized")
+                message = "unauthorized: a valid API key is required"
+                await self._refuse_socket(
+                    scope, receive, send, bearer_entry, RefusalCause.UNAUTHORIZED, message
+                )
                 return
             scope = {**scope, SUBPROTOCOL_SCOPE_KEY: answer_subprotocol(scope, bearer_entry)}
         await self.app(scope, receive, send)
+
+    async def _refuse_socket(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        bearer_entry: str | None,
+        cause: RefusalCause,
+        message: str,
+    ) -> None:
+        self.on_reject(str(cause))
+        refusal = self.dialect_for_path(scope["path"]).refusal(cause, message)
+        ws = WebSocket(scope, receive, send)
+        await send_refusal(ws, refusal, answer_subprotocol(scope, bearer_entry))
 
 
 async def _unauthorized(send: Send) -> None:
@@ -183,20 +219,6 @@ async def _unauthorized(send: Send) -> None:
     ]
     await send({"type": "http.response.start", "status": 401, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-async def _refuse_socket(
-    scope: Scope, receive: Receive, send: Send, bearer_entry: str | None, reason: str
-) -> None:
-    message = await receive()
-    if message["type"] != "websocket.connect":
-        return
-    accept: dict[str, Any] = {"type": "websocket.accept"}
-    subprotocol = answer_subprotocol(scope, bearer_entry)
-    if subprotocol is not None:
-        accept["subprotocol"] = subprotocol
-    await send(accept)
-    await send({"type": "websocket.close", "code": CloseCode.POLICY, "reason": reason})
 
 
 # ---- startup checks and logs ----------------------------------------------------------------
@@ -225,7 +247,7 @@ def warn_if_exposed(host: str, keys: ApiKeys, logger: logging.Logger = log) -> b
     return True
 
 
-_TOKEN_IN_URL = re.compile(r"(token=)[^&\s\"']+", re.IGNORECASE)
+_TOKEN_IN_URL = re.compile(r"((?:token|api_key|authorization)=)[^&\s\"']+", re.IGNORECASE)
 _BEARER_SUBPROTOCOL = re.compile(r"(streamtts\.bearer\.)[^,\s\"']+")
 
 
@@ -234,7 +256,8 @@ def redact(text: str) -> str:
 
 
 class RedactKeysFilter(logging.Filter):
-    """Keeps keys passed as ``?token=`` out of the access and WebSocket logs."""
+    """Keeps keys passed in the URL (``?token=``, ``?api_key=``) out of the access and
+    WebSocket logs."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str):

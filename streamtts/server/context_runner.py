@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamtts.audio import StreamingResampler, encode_samples
+from streamtts.audio import StreamingResampler, make_stream_encoder
 from streamtts.engine.base import EngineError, EngineStream, PcmF32
 from streamtts.protocol import AudioFormat, ErrorCode, done, error, flushed, segment
 from streamtts.server.errors import wire_error
@@ -79,6 +79,7 @@ class ContextRunner:
         self._metrics = metrics
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
         self._resampler = StreamingResampler(self._engine_rate_hz, fmt.sample_rate)
+        self._encoder = make_stream_encoder(fmt.encoding, fmt.sample_rate, fmt.bit_rate_bps)
         self._frame_samples = max(1, fmt.sample_rate * MAX_FRAME_MS // 1000)
         self._audio_samples_out = 0
         self._first_queued_s: float | None = None
@@ -120,6 +121,7 @@ class ContextRunner:
         """The socket is gone: stop everything, send nothing."""
         await self._stop_task()
         self._stream.close()
+        self._encoder.close()
         if not self._finished:
             self._finished = True
             self._count_end("disconnect")
@@ -142,6 +144,7 @@ class ContextRunner:
                 elif isinstance(work, _FlushMark):
                     await self._send_json(flushed(self.context))
                 else:
+                    await self._send_encoder_tail()
                     await self._finish("end")
                     return
         except asyncio.CancelledError:
@@ -172,7 +175,10 @@ class ContextRunner:
     async def _send_pcm(self, pcm: PcmF32) -> None:
         for start in range(0, pcm.size, self._frame_samples):
             piece = pcm[start : start + self._frame_samples]
-            payload = encode_samples(np.ascontiguousarray(piece), self._fmt.encoding)
+            payload = self._encoder.write(np.ascontiguousarray(piece))
+            self._audio_samples_out += piece.size
+            if not payload:  # a compressed stream's codec holds the samples for its next frame
+                continue
             await self._send_audio(
                 self.context, payload, 1000.0 * piece.size / self._fmt.sample_rate
             )
@@ -181,7 +187,12 @@ class ContextRunner:
                 if self._metrics is not None and self._first_queued_s is not None:
                     ttfa_ms = 1000.0 * (self._first_audio_s - self._first_queued_s)
                     self._metrics.ttfa_ms.observe(ttfa_ms)
-            self._audio_samples_out += piece.size
+
+    async def _send_encoder_tail(self) -> None:
+        """A compressed stream's last frame (raw encodings have none)."""
+        tail = self._encoder.finish()
+        if tail:
+            await self._send_audio(self.context, tail, 0.0)
 
     async def _fail(self, code: str, message: str) -> None:
         await self._send_json(error(code, message, self.context))
@@ -190,6 +201,7 @@ class ContextRunner:
     async def _finish(self, reason: str) -> None:
         self._finished = True
         self._stream.close()
+        self._encoder.close()
         self._count_end(reason)
         # Shielded: a cancel racing with the end must not swallow the one ``done``.
         await asyncio.shield(self._send_json(done(self.context, reason, self.stats())))

@@ -37,3 +37,15 @@ def wire_error(exc: EngineError) -> WireError:
     if isinstance(exc, EngineNotReadyError):
         return WireError(ErrorCode.INTERNAL, 503, message)
     return WireError(ErrorCode.INTERNAL, 500, message)
+
+
+_HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.OVERLOADED: 429,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+def http_status(code: ErrorCode) -> int:
+    """The HTTP status of a native error code (protocols that speak in statuses): 429 for
+    ``overloaded``, 500 for ``internal``, 400 for every fault of the request."""
+    return _HTTP_STATUS.get(code, 400)

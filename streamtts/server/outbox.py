@@ -6,6 +6,9 @@ each context's audio waiting here is limited to ``max_output_buffer_ms``; past i
 :meth:`Outbox.queue_audio` raises :class:`SlowConsumerError` and that context's queued audio is
 dropped. Control messages are small; the socket stops reading a client that lets more than a
 few hundred of them pile up (see ``StreamSocket``).
+
+Frames are whatever the socket's protocol makes of its messages (``streamtts.server.dialects``):
+text or binary, audio or control; the outbox only knows which are a context's audio.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
-
-from streamtts.protocol import audio_frame
 
 
 class SlowConsumerError(Exception):
@@ -37,12 +38,15 @@ class _Audio:
 
 @dataclass(frozen=True)
 class _Frame:
-    text: str | None = None
-    data: bytes | None = None
-    audio: _Audio | None = None
+    data: str | bytes | None = None  # a text (str) or binary (bytes) frame
+    audio: _Audio | None = None  # set for a context's audio (droppable)
     payload_bytes: int = 0
     ms: float = 0.0
     close: tuple[int, str] | None = None
+
+    @property
+    def control(self) -> bool:
+        return self.data is not None and self.audio is None
 
 
 class Outbox:
@@ -64,6 +68,11 @@ class Outbox:
         self.closed = False  # nothing more can be sent
         self._closing = False  # a close frame is queued: queue nothing more
 
+    @property
+    def closing(self) -> bool:
+        """A close frame is queued (or the socket is gone): nothing more will be sent."""
+        return self._closing or self.closed
+
     # ---- contexts ----
 
     def open_context(self, context: str) -> None:
@@ -84,11 +93,13 @@ class Outbox:
 
     # ---- queueing ----
 
-    def queue_text(self, text: str) -> None:
+    def queue_control(self, frame: str | bytes) -> None:
+        """A control frame (not audio): never dropped, counted in ``pending_control``."""
         self.pending_control += 1
-        self._append(_Frame(text=text))
+        self._append(_Frame(data=frame))
 
-    def queue_audio(self, context: str, payload: bytes, ms: float) -> None:
+    def queue_audio(self, context: str, frame: str | bytes, payload_bytes: int, ms: float) -> None:
+        """A frame carrying ``payload_bytes`` of the context's audio, ``ms`` long."""
         audio = self._audio.get(context)
         if audio is None or audio.dropped or self._closing or self.closed:
             return
@@ -98,11 +109,10 @@ class Outbox:
                 f"the client is not reading: over {self._max_audio_ms:.0f} ms of audio for this "
                 "context are waiting to be sent; the context is dropped"
             )
-        audio.nbytes += len(payload)
+        audio.nbytes += payload_bytes
         audio.ms += ms
-        self._on_audio_bytes(len(payload))
-        frame = audio_frame(context, payload)
-        self._append(_Frame(data=frame, audio=audio, payload_bytes=len(payload), ms=ms))
+        self._on_audio_bytes(payload_bytes)
+        self._append(_Frame(data=frame, audio=audio, payload_bytes=payload_bytes, ms=ms))
 
     def close(self, code: int, reason: str) -> None:
         """Queue a close frame after everything already queued."""
@@ -143,9 +153,11 @@ class Outbox:
                 self.closed = True
                 with contextlib.suppress(RuntimeError, OSError):
                     await self._ws.close(*frame.close)
-            elif frame.text is not None:
-                await self._ws.send_text(frame.text)
-            elif frame.data is not None and not (frame.audio and frame.audio.dropped):
+            elif frame.data is None or (frame.audio is not None and frame.audio.dropped):
+                pass
+            elif isinstance(frame.data, str):
+                await self._ws.send_text(frame.data)
+            else:
                 await self._ws.send_bytes(frame.data)
         except (WebSocketDisconnect, RuntimeError, OSError):
             self.closed = True
@@ -154,7 +166,7 @@ class Outbox:
 
     def _settle(self, frame: _Frame) -> None:
         """The frame left the outbox (sent or not): update the counts."""
-        if frame.text is not None:
+        if frame.control:
             self.pending_control -= 1
         audio = frame.audio
         if audio is not None and not audio.dropped:

@@ -276,6 +276,8 @@ def test_redact() -> None:
     line = f'127.0.0.1:5 - "WebSocket /v1/stream?a=1&token={ENV_KEY}&b=2" [accepted]'
     assert ENV_KEY not in redact(line) and "a=1" in redact(line) and "b=2" in redact(line)
     assert FILE_KEY not in redact(f"protocols: streamtts, streamtts.bearer.{FILE_KEY}")
+    cartesia = f'"WebSocket /tts/websocket?api_key={ENV_KEY}&x=1" [accepted]'
+    assert ENV_KEY not in redact(cartesia) and "x=1" in redact(cartesia)
 
 
 def test_a_missing_key_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from streamtts.protocol import split_audio_frame
+from streamtts.protocol import audio_frame, split_audio_frame
 from streamtts.server.outbox import Outbox, SlowConsumerError
 
 
@@ -31,6 +31,11 @@ class FakeSocket:
         self.closed = (code, reason)
 
 
+def queue_audio(outbox: Outbox, context: str, payload: bytes, ms: float) -> None:
+    """Audio as the native protocol frames it."""
+    outbox.queue_audio(context, audio_frame(context, payload), len(payload), ms)
+
+
 def outbox_for(ws: FakeSocket, max_ms: float = 1000.0) -> tuple[Outbox, list[int]]:
     gauge: list[int] = [0]
 
@@ -45,9 +50,9 @@ async def test_frames_go_out_in_order_and_the_gauge_returns_to_zero() -> None:
     outbox, gauge = outbox_for(ws)
     writer = asyncio.create_task(outbox.run())
     outbox.open_context("a")
-    outbox.queue_text('{"type":"started"}')
-    outbox.queue_audio("a", b"\x01\x02", 10.0)
-    outbox.queue_text('{"type":"done"}')
+    outbox.queue_control('{"type":"started"}')
+    queue_audio(outbox, "a", b"\x01\x02", 10.0)
+    outbox.queue_control('{"type":"done"}')
     await asyncio.wait_for(outbox.empty.wait(), 5)
     assert ws.sent == ['{"type":"started"}', ("a", b"\x01\x02"), '{"type":"done"}']
     assert gauge == [0] and outbox.pending_control == 0
@@ -63,13 +68,13 @@ async def test_a_context_over_its_audio_bound_is_a_slow_consumer_alone() -> None
     writer = asyncio.create_task(outbox.run())
     outbox.open_context("slow")
     outbox.open_context("other")
-    outbox.queue_audio("slow", b"xx", 60.0)
-    outbox.queue_audio("slow", b"yy", 30.0)
+    queue_audio(outbox, "slow", b"xx", 60.0)
+    queue_audio(outbox, "slow", b"yy", 30.0)
     with pytest.raises(SlowConsumerError):
-        outbox.queue_audio("slow", b"zz", 30.0)
-    outbox.queue_audio("other", b"ok", 60.0)  # another context is not affected
+        queue_audio(outbox, "slow", b"zz", 30.0)
+    queue_audio(outbox, "other", b"ok", 60.0)  # another context is not affected
     assert gauge == [2]  # the slow context's queued audio was dropped, the other's counts
-    outbox.queue_audio("slow", b"late", 10.0)  # a dropped context queues nothing more
+    queue_audio(outbox, "slow", b"late", 10.0)  # a dropped context queues nothing more
     ws.reading.set()
     await asyncio.wait_for(outbox.empty.wait(), 5)
     # All of the slow context's queued audio was dropped; the other context's was sent.
@@ -83,11 +88,11 @@ async def test_drop_audio_discards_a_cancelled_contexts_queue_but_keeps_control(
     outbox, gauge = outbox_for(ws)
     writer = asyncio.create_task(outbox.run())
     outbox.open_context("c")
-    outbox.queue_text("first")
+    outbox.queue_control("first")
     for _ in range(3):
-        outbox.queue_audio("c", b"pcm", 20.0)
+        queue_audio(outbox, "c", b"pcm", 20.0)
     outbox.drop_audio("c")
-    outbox.queue_text('{"type":"done"}')
+    outbox.queue_control('{"type":"done"}')
     assert gauge == [0]
     ws.reading.set()
     await asyncio.wait_for(outbox.empty.wait(), 5)
@@ -101,8 +106,8 @@ async def test_nothing_is_queued_after_close_and_counts_settle() -> None:
     writer = asyncio.create_task(outbox.run())
     outbox.open_context("c")
     outbox.close(1001, "going away")
-    outbox.queue_text("too late")
-    outbox.queue_audio("c", b"pcm", 20.0)
+    outbox.queue_control("too late")
+    queue_audio(outbox, "c", b"pcm", 20.0)
     await asyncio.wait_for(writer, 5)
     assert ws.sent == [] and ws.closed == (1001, "going away")
     assert gauge == [0] and outbox.pending_control == 0
@@ -115,6 +120,6 @@ async def test_a_vanished_client_ends_the_writer() -> None:
 
     outbox, _ = outbox_for(Gone())
     writer = asyncio.create_task(outbox.run())
-    outbox.queue_text("hello")
+    outbox.queue_control("hello")
     await asyncio.wait_for(writer, 5)
     assert outbox.closed and outbox.pending_control == 0
