@@ -126,12 +126,18 @@ class _PiperStream(EngineStream):
             return
         handoff = PcmHandoff()
         job = asyncio.get_running_loop().run_in_executor(self._executor, self._run, text, handoff)
+        complete = False
         try:
             async for pcm in handoff.chunks(self.stats, "Piper"):
                 yield pcm
+            complete = True
             self.stats.segments += 1
         finally:
-            if not job.done():
+            # Only a consumer that stopped early stops the job. (The job's future may not be
+            # marked done yet when its last chunk has been taken: its result reaches the loop
+            # a moment after the end of the chunks. Taking that for an abandoned segment used
+            # to cancel the whole stream, and later segments spoke nothing.)
+            if not complete and not job.done():
                 self._cancelled.set()
             await asyncio.shield(job)
 

@@ -53,3 +53,13 @@ async def test_options_piper_cannot_honour_are_refused(
 async def test_the_event_loop_runs_no_torch(engine: PiperEngine) -> None:
     with no_torch_on_this_thread():
         assert (await speak(engine, SynthesisOptions())).size > 0
+
+
+async def test_every_segment_of_a_stream_is_spoken(engine: PiperEngine) -> None:
+    stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+    sizes = []
+    for text in ["One.", "Two words.", "Three more words.", "Four.", "Five now.", "Six."] * 2:
+        sizes.append(sum([pcm.size async for pcm in stream.synthesize(text)]))
+    stream.close()
+    assert all(size > 2000 for size in sizes), sizes  # none was lost after the one before it
+    assert stream.stats.segments == len(sizes)
