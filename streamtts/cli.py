@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the server (settings also from STREAMTTS_* env)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
+    serve.add_argument(
+        "--wyoming-port",
+        type=int,
+        help="serve Wyoming (Home Assistant) on this TCP port too, e.g. 10200 (default: off)",
+    )
+    serve.add_argument("--wyoming-host", help="Wyoming bind address (default: --host)")
     _add_model(serve)
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(run=_serve)
@@ -83,7 +89,12 @@ def _serve(args: argparse.Namespace) -> int:
     from streamtts.server.shutdown import GracefulServer, Lifecycle
 
     settings = Settings.from_env(
-        host=args.host, port=args.port, model=args.model, log_level=args.log_level
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        log_level=args.log_level,
+        wyoming_port=args.wyoming_port,
+        wyoming_host=args.wyoming_host,
     )
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -2,10 +2,10 @@
 ``STREAMTTS_<NAME>`` environment variables and CLI flags (flags win).
 
 Every setting is defined once, in the section that owns it: :class:`Limits`, the segmenter's
-:class:`SegmenterOptions`, the runtimes' :class:`FishSettings` and :class:`PiperSettings`, and
-the server's own fields here. The environment names stay flat (``STREAMTTS_MAX_STREAMS``, not
-``STREAMTTS_FISH_MAX_STREAMS``): leaf names are unique across sections. Every default and
-outcome is documented in docs/operations.md.
+:class:`SegmenterOptions`, the runtimes' :class:`FishSettings` and :class:`PiperSettings`, the
+Wyoming server's :class:`WyomingSettings`, and the server's own fields here. The environment
+names stay flat (``STREAMTTS_MAX_STREAMS``, not ``STREAMTTS_FISH_MAX_STREAMS``): leaf names are
+unique across sections. Every default and outcome is documented in docs/operations.md.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from streamtts.fish.settings import FishSettings
 from streamtts.limits import Limits
 from streamtts.piper.settings import PiperSettings
 from streamtts.segmenter import SegmenterOptions
+from streamtts.wyoming.settings import WyomingSettings
 
 ENV_PREFIX = "STREAMTTS_"
 
@@ -53,6 +54,7 @@ class Settings:
     segmenter: SegmenterOptions = field(default_factory=SegmenterOptions)
     fish: FishSettings = field(default_factory=FishSettings)
     piper: PiperSettings = field(default_factory=PiperSettings)
+    wyoming: WyomingSettings = field(default_factory=WyomingSettings)
 
     def __post_init__(self) -> None:
         require_bounds(self)
@@ -60,6 +62,16 @@ class Settings:
             raise SettingsError(f"port must be 1..65535, got {self.port}")
         if self.watchdog_interval_s <= 0:
             raise SettingsError("watchdog_interval_s must be > 0")
+        if self.wyoming.wyoming_port == self.port and self.wyoming_host == self.host:
+            raise SettingsError(
+                f"wyoming_port {self.port} is the HTTP port on the same host; use another "
+                "(Home Assistant's convention is 10200)"
+            )
+
+    @property
+    def wyoming_host(self) -> str:
+        """Where the Wyoming server binds: its own host setting, else the HTTP host."""
+        return self.wyoming.wyoming_host or self.host
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -168,6 +168,9 @@ TRANSPORT_FIELDS: dict[str, dict[str, str]] = {
         "stream_format": "'audio' (a streamed body) or 'sse' (server-sent events)",
         "stream": "accepted as true (the body always streams), as other OpenAI-style servers",
     },
+    "wyoming": {
+        "context": "the pipeline's context for its next interaction; not part of the speech",
+    },
 }
 
 

@@ -47,6 +47,7 @@ class FakeEngine(Engine):
         self.chunk_delay_s = chunk_delay_s
         self._slots = slots
         self.open_streams: set[FakeStream] = set()
+        self.streams: list[FakeStream] = []  # every stream ever opened, in order
         self.opened: list[SynthesisOptions] = []
         self.started = False
 
@@ -83,6 +84,7 @@ class FakeEngine(Engine):
         self.opened.append(options)
         stream = FakeStream(self)
         self.open_streams.add(stream)
+        self.streams.append(stream)
         return stream
 
 

@@ -26,6 +26,7 @@ from streamtts.server.metrics import CONTENT_TYPE, Metrics
 from streamtts.server.shutdown import watchdog
 from streamtts.server.state import AppState
 from streamtts.server.stream import serve_stream
+from streamtts.server.wyoming import WyomingServer
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,18 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         dog = asyncio.create_task(
             watchdog(state.engine, lifecycle, settings.watchdog_interval_s), name="watchdog"
         )
+        # Wyoming listens only once the engine is ready: Home Assistant's describe and
+        # synthesize are answered from the first connection on.
+        wyoming = WyomingServer(state) if settings.wyoming.enabled else None
         try:
+            if wyoming is not None:
+                await wyoming.start()
             yield
         finally:
             lifecycle.ready = False
             dog.cancel()
+            if wyoming is not None:
+                await wyoming.stop()
             await state.engine.stop()
 
     async def healthz(request: Request) -> Response:
@@ -127,7 +135,7 @@ def _register_gauges(metrics: Metrics, state: AppState) -> None:
     )
     metrics.gauge(
         "streamtts_open_sockets",
-        "Open /v1/stream WebSockets.",
+        "Open WebSockets (/v1/stream, /v1/tts/live) and Wyoming connections.",
         lambda: state.lifecycle.open_sockets,
     )
     metrics.gauge(
