@@ -42,6 +42,7 @@ __all__ = [
     "SynthesisError",
     "SynthesisOptions",
     "UnknownVoiceError",
+    "UnsupportedReferenceError",
     "VoiceInfo",
 ]
 
@@ -72,6 +73,11 @@ class EngineNotReadyError(EngineError):
 
 class SynthesisError(EngineError):
     """A segment's synthesis failed inside the engine."""
+
+
+class UnsupportedReferenceError(EngineError):
+    """A one-off reference voice (inline reference audio and its transcript, not stored) was
+    asked for, and the engine cannot speak with one."""
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from starlette.websockets import WebSocket
 from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.engine.factory import create_engine
-from streamtts.server import openai
+from streamtts.server import fishapi, openai
 from streamtts.server.auth import ApiKeys, OriginPolicy, SecurityMiddleware
+from streamtts.server.fish_live import serve_fish_live
 from streamtts.server.metrics import CONTENT_TYPE, Metrics
 from streamtts.server.shutdown import watchdog
 from streamtts.server.state import AppState
@@ -96,6 +97,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     async def stream(ws: WebSocket) -> None:
         await serve_stream(ws, state)
 
+    async def fish_tts(request: Request) -> Response:
+        return await fishapi.tts(request, state)
+
+    async def fish_live(ws: WebSocket) -> None:
+        await serve_fish_live(ws, state)
+
     routes = [
         Route("/healthz", healthz),
         Route("/readyz", readyz),
@@ -104,7 +111,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         Route("/v1/audio/voices", voices),
         Route("/v1/models", models),
         Route("/v1/audio/speech", speech, methods=["POST"]),
+        Route("/v1/tts", fish_tts, methods=["POST"]),
         WebSocketRoute("/v1/stream", stream),
+        WebSocketRoute("/v1/tts/live", fish_live),
     ]
     if STATIC_DIR.is_dir():
         routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))

@@ -14,6 +14,7 @@ from streamtts.engine.base import (
     InvalidOptionError,
     OverloadedError,
     UnknownVoiceError,
+    UnsupportedReferenceError,
 )
 from streamtts.protocol import ErrorCode
 
@@ -34,6 +35,8 @@ def wire_error(exc: EngineError) -> WireError:
         return WireError(ErrorCode.OVERLOADED, 429, message)
     if isinstance(exc, InvalidOptionError):
         return WireError(ErrorCode.INVALID_FIELD, 400, message, exc.option)
+    if isinstance(exc, UnsupportedReferenceError):
+        return WireError(ErrorCode.INVALID_FIELD, 400, message, "references")
     if isinstance(exc, EngineNotReadyError):
         return WireError(ErrorCode.INTERNAL, 503, message)
     return WireError(ErrorCode.INTERNAL, 500, message)

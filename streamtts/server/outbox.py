@@ -20,6 +20,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from streamtts.protocol import audio_frame
 
+# (context, audio payload) -> the binary frame that carries it.
+FrameAudio = Callable[[str, bytes], bytes]
+
 
 class SlowConsumerError(Exception):
     """The client is not taking this context's audio fast enough."""
@@ -38,7 +41,7 @@ class _Audio:
 @dataclass(frozen=True)
 class _Frame:
     text: str | None = None
-    data: bytes | None = None
+    data: bytes | None = None  # audio, or a binary control message (``audio`` is None)
     audio: _Audio | None = None
     payload_bytes: int = 0
     ms: float = 0.0
@@ -51,10 +54,12 @@ class Outbox:
         ws: WebSocket,
         max_audio_ms: float,
         on_audio_bytes: Callable[[int], None] = lambda delta: None,
+        frame_audio: FrameAudio = audio_frame,
     ) -> None:
         self._ws = ws
         self._max_audio_ms = max_audio_ms
         self._on_audio_bytes = on_audio_bytes  # server-wide gauge of queued audio
+        self._frame_audio = frame_audio  # the native protocol's frames, unless a dialect's
         self._frames: deque[_Frame] = deque()
         self._audio: dict[str, _Audio] = {}
         self._ready = asyncio.Event()
@@ -88,6 +93,11 @@ class Outbox:
         self.pending_control += 1
         self._append(_Frame(text=text))
 
+    def queue_binary(self, data: bytes) -> None:
+        """A control message sent as a binary frame (protocols whose frames are all binary)."""
+        self.pending_control += 1
+        self._append(_Frame(data=data))
+
     def queue_audio(self, context: str, payload: bytes, ms: float) -> None:
         audio = self._audio.get(context)
         if audio is None or audio.dropped or self._closing or self.closed:
@@ -101,7 +111,7 @@ class Outbox:
         audio.nbytes += len(payload)
         audio.ms += ms
         self._on_audio_bytes(len(payload))
-        frame = audio_frame(context, payload)
+        frame = self._frame_audio(context, payload)
         self._append(_Frame(data=frame, audio=audio, payload_bytes=len(payload), ms=ms))
 
     def close(self, code: int, reason: str) -> None:
@@ -154,8 +164,8 @@ class Outbox:
 
     def _settle(self, frame: _Frame) -> None:
         """The frame left the outbox (sent or not): update the counts."""
-        if frame.text is not None:
-            self.pending_control -= 1
+        if frame.audio is None and frame.close is None:
+            self.pending_control -= 1  # a text or binary control message
         audio = frame.audio
         if audio is not None and not audio.dropped:
             audio.nbytes -= frame.payload_bytes
