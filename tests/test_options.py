@@ -106,3 +106,14 @@ def test_the_protocol_docs_list_every_option_with_its_range() -> None:
     doc = (Path(__file__).parents[1] / "docs" / "protocol.md").read_text()
     for option in OPTIONS:
         assert f"`{option.name}`" in doc and option.range_text() in doc, option.name
+
+
+def test_the_protocol_docs_list_every_transport_field() -> None:
+    from pathlib import Path
+
+    from streamtts.options import TRANSPORT_FIELDS
+
+    doc = (Path(__file__).parents[1] / "docs" / "protocol.md").read_text()
+    for interface, names in TRANSPORT_FIELDS.items():
+        for name in names:
+            assert f"`{name}`" in doc, (interface, name)

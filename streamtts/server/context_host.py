@@ -71,14 +71,19 @@ class ContextHost:
         for effect in effects:
             if isinstance(effect, OpenContext):
                 await self._open(effect)
-            elif isinstance(effect, QueueSegment):
-                self._runners[effect.context].queue_segment(effect.text)
-            elif isinstance(effect, QueueFlushMark):
-                self._runners[effect.context].queue_flush_mark()
-            elif isinstance(effect, QueueEnd):
-                self._runners[effect.context].queue_end()
-            else:
+                continue
+            if isinstance(effect, CancelContext):
                 await self.cancel(effect.context)
+                continue
+            runner = self._runners.get(effect.context)
+            if runner is None:
+                continue  # the context was refused (its error is sent) or has ended
+            if isinstance(effect, QueueSegment):
+                runner.queue_segment(effect.text)
+            elif isinstance(effect, QueueFlushMark):
+                runner.queue_flush_mark()
+            else:
+                runner.queue_end()
 
     async def cancel(self, context: str, reason: str = "cancel") -> None:
         """Barge-in: queued audio is dropped, the engine stream stopped, ``done`` sent."""

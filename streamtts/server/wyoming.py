@@ -204,6 +204,11 @@ class WyomingConnection:
         except (ConnectionError, OSError):
             self._closing.set()  # the peer is gone
             return
+        except Exception:
+            log.exception("Wyoming connection failed")
+            self._write_event(Error(text="internal server error", code=ErrorCode.INTERNAL).event())
+            self._closing.set()
+            return
         # End of the client's stream: a response in flight is still finished (a client may
         # half-close after its request); the connection closes after it.
         self._eof = True

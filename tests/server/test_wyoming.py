@@ -275,6 +275,46 @@ async def test_zeroconf_advertises_the_server_when_asked() -> None:
             await browser.async_close()
 
 
+# ---- settings, start and shutdown ---------------------------------------------------------
+
+
+class SlowStartEngine(FakeEngine):
+    """Loads until the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.may_start = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.may_start.wait()
+        await super().start()
+
+
+async def test_wyoming_listens_only_once_the_engine_is_ready() -> None:
+    import uvicorn
+
+    from streamtts.server.app import create_app
+
+    engine = SlowStartEngine()
+    wyoming_port = free_port()
+    settings = Settings().replace(port=free_port(), wyoming_port=wyoming_port)
+    config = uvicorn.Config(create_app(settings, engine), host=HOST, port=settings.port)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        await asyncio.sleep(0.5)  # the app is starting: loading its model
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection(HOST, wyoming_port)
+        engine.may_start.set()
+        await until(lambda: server.started)
+        info = await ha.describe(HOST, wyoming_port)
+        assert info is not None and info.tts[0].installed
+    finally:
+        engine.may_start.set()
+        server.should_exit = True
+        await asyncio.wait_for(task, WAIT_S)
+
+
 # ---- settings and shutdown -------------------------------------------------------------------
 
 
