@@ -4,7 +4,8 @@ engine of the test's choosing (the ``create_app(engine=...)`` seam)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -46,3 +47,12 @@ async def serve_app(engine: Engine, settings: Settings | None = None) -> AsyncIt
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, START_TIMEOUT_S)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Wait until ``condition()`` holds (polled every 20 ms); TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(0.02)

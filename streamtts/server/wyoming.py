@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from collections.abc import Sequence
 
 from wyoming.error import Error
 from wyoming.event import Event
@@ -28,10 +28,10 @@ from streamtts.server.context_host import ContextHost
 from streamtts.server.discovery import WyomingAdvertisement
 from streamtts.server.outbox import SlowConsumerError
 from streamtts.server.state import AppState
-from streamtts.session import CancelContext, OpenContext, QueueEnd, QueueSegment
 from streamtts.wyoming.conversation import (
     SAMPLE_WIDTH_BYTES,
     SHUTTING_DOWN,
+    Action,
     CloseConnection,
     Conversation,
     SendEvent,
@@ -198,6 +198,7 @@ class WyomingConnection:
                     self._closing.set()
                     return
                 if event is None:
+                    self._eof = True
                     break
                 self._last_activity_s = time.monotonic()
                 await self._perform(self._conversation.handle(event, _now_ms()))
@@ -209,10 +210,10 @@ class WyomingConnection:
             self._write_event(Error(text="internal server error", code=ErrorCode.INTERNAL).event())
             self._closing.set()
             return
-        # End of the client's stream: a response in flight is still finished (a client may
-        # half-close after its request); the connection closes after it.
-        self._eof = True
-        if not self._conversation.busy:
+        # At the end of the client's stream a response in flight is still finished (a client
+        # may half-close after its request); the connection closes after it. (After an error
+        # the conversation is closed and has asked for the connection to close.)
+        if self._eof and not self._conversation.busy:
             self._closing.set()
 
     async def _read_event(self) -> Event | None:
@@ -254,13 +255,13 @@ class WyomingConnection:
 
     # ---- actions ----
 
-    async def _perform(self, actions: list[Any]) -> None:
+    async def _perform(self, actions: Sequence[Action]) -> None:
         for action in actions:
             if isinstance(action, SendEvent):
                 self._write_event(action.event)
             elif isinstance(action, CloseConnection):
                 self._closing.set()
-            elif isinstance(action, OpenContext | QueueSegment | QueueEnd | CancelContext):
+            else:
                 await self._host.apply([action])
 
     async def _on_message(self, message: dict[str, object]) -> None:

@@ -6,8 +6,6 @@ shutdown."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -18,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 
 from streamtts.config import Settings
 from streamtts.options import FISH, SynthesisOptions
-from tests.app_server import RunningApp, serve_app
+from tests.app_server import RunningApp, serve_app, until
 from tests.fake_engine import FakeEngine
 
 MSGPACK = {"content-type": "application/msgpack"}
@@ -27,14 +25,6 @@ WAIT_S = 30.0
 
 def packed(body: dict[str, Any]) -> bytes:
     return bytes(msgpack.packb(body, use_bin_type=True))
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.02)
 
 
 # ---- POST /v1/tts ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import contextlib
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import numpy as np
@@ -26,7 +26,7 @@ from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.engine.factory import create_engine
 from streamtts.server.metrics import parse_exposition
-from tests.app_server import RunningApp, serve_app
+from tests.app_server import RunningApp, serve_app, until
 from tests.fake_engine import FakeEngine
 from tests.servers import ServerProcess, free_port
 
@@ -49,14 +49,6 @@ async def wyoming_app(engine: Engine, **settings: object) -> AsyncIterator[tuple
     port = free_port()
     async with serve_app(engine, Settings().replace(wyoming_port=port, **settings)) as app:
         yield app, port
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.02)
 
 
 async def llm_text(result: ha.TtsResult) -> AsyncIterator[str]:
