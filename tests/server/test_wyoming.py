@@ -26,8 +26,10 @@ from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.engine.factory import create_engine
 from streamtts.server.metrics import parse_exposition
+from streamtts.wyoming.framing import encode_event
 from tests.app_server import RunningApp, serve_app, until
 from tests.fake_engine import FakeEngine
+from tests.server.test_shutdown import wait_exit
 from tests.servers import ServerProcess, free_port
 
 HOST = "127.0.0.1"
@@ -377,16 +379,11 @@ async def test_sigterm_finishes_wyoming_responses_in_flight_and_refuses_new_ones
         assert [Error.from_event(e).code for e in events if e.type == "error"] == ["shutting_down"]
         assert grace_s - 0.5 < ended_s < grace_s + 3, ended_s
 
-        deadline = time.monotonic() + 15
-        while server.proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert server.proc.returncode == 0
+        assert await wait_exit(server, 15) == 0
         await lingering.disconnect()
     finally:
         server.stop()
 
 
 def _encode(event: Event) -> bytes:
-    from streamtts.wyoming.framing import encode_event
-
     return encode_event(event)
