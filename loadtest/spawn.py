@@ -19,16 +19,26 @@ READY_TIMEOUT_S = 900.0
 PROGRESS_EVERY_S = 30.0
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 class SpawnedServer:
     """``certfile``/``keyfile``: serve https:// and wss:// with that certificate (which must be
-    its own authority, as ``loadtest.tls.self_signed`` makes it)."""
+    its own authority, as ``loadtest.tls.self_signed`` makes it); ``extra_args`` go to
+    ``streamtts serve``."""
 
     def __init__(
-        self, model: str, certfile: Path | None = None, keyfile: Path | None = None
+        self,
+        model: str,
+        certfile: Path | None = None,
+        keyfile: Path | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         tls: list[str] = []
         context: ssl.SSLContext | None = None
         if certfile is not None and keyfile is not None:
@@ -37,7 +47,7 @@ class SpawnedServer:
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamtts", "serve", "--port", str(port), "--model", model,
-             "--log-level", "warning", *tls],
+             "--log-level", "warning", *tls, *extra_args],
         )  # fmt: skip
         print(f"  starting server ({model}) on {self.url}...", file=sys.stderr)
         started = time.monotonic()
@@ -77,15 +87,18 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def target_server(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Iterator[str]:
-    """The base URL to measure: ``--url`` (loopback only) or a server spawned for the run."""
+def target_server(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, extra_args: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """The base URL to measure: ``--url`` (loopback only) or a server spawned for the run (with
+    ``extra_args`` for ``streamtts serve``)."""
     if not args.spawn:
         host = urlparse(args.url).hostname or ""
         if not (host.startswith("127.") or host in ("localhost", "::1")):
             parser.error("only loopback servers may be measured")
         yield args.url
         return
-    server = SpawnedServer(args.model)
+    server = SpawnedServer(args.model, extra_args=extra_args)
     try:
         yield server.url
     finally:

@@ -428,9 +428,10 @@ class _AvEncoder(ContainerEncoder):
     }
 
     def __init__(self, fmt: str, sample_rate_hz: int, bit_rate_bps: int | None = None) -> None:
-        container_name, codec_name, self._sample_format, default_bps = self._SPECS[fmt]
-        if bit_rate_bps is None:
-            bit_rate_bps = default_bps
+        container_name, codec_name, self._sample_format, default_bit_rate_bps = self._SPECS[fmt]
+        if bit_rate_bps is not None and default_bit_rate_bps is None:
+            raise ValueError(f"{fmt} has no bit rate to set")
+        bit_rate_bps = bit_rate_bps or default_bit_rate_bps
         self.format = fmt
         self.sample_rate_hz = sample_rate_hz
         self.output_sample_rate_hz = _codec_rate_hz(fmt, codec_name, sample_rate_hz)
@@ -530,11 +531,15 @@ def make_container_encoder(
       ``sample_rate_hz`` when the codec supports it, else resampled to the next supported rate.
     - ``opus``: Ogg Opus, 48 kb/s, always encoded at 48 kHz (input is resampled).
 
-    ``output_sample_rate_hz`` on the result says which rate the file has.
+    ``bit_rate_bps`` replaces the default bit rate of mp3, opus and aac (the others have none:
+    a bit rate for them is a ``ValueError``). ``output_sample_rate_hz`` on the result says which
+    rate the file has.
     """
     if not isinstance(sample_rate_hz, int | np.integer) or sample_rate_hz <= 0:
         raise ValueError(f"sample_rate_hz must be a positive integer, got {sample_rate_hz!r}")
     rate = int(sample_rate_hz)
+    if fmt in ("pcm", "wav") and bit_rate_bps is not None:
+        raise ValueError(f"{fmt} has no bit rate to set")
     if fmt == "pcm":
         return _PcmEncoder(rate)
     if fmt == "wav":

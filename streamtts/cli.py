@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the server (settings also from STREAMTTS_* env)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
+    serve.add_argument(
+        "--wyoming-port",
+        type=int,
+        help="serve Wyoming (Home Assistant) on this TCP port too, e.g. 10200 (default: off)",
+    )
+    serve.add_argument("--wyoming-host", help="Wyoming bind address (default: --host)")
     _add_model(serve)
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--ssl-certfile", help="PEM certificate: serve https:// and wss:// (TLS)")
@@ -98,6 +104,8 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
+        wyoming_port=args.wyoming_port,
+        wyoming_host=args.wyoming_host,
     )
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

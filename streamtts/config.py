@@ -3,8 +3,8 @@
 
 Every setting is defined once, in the section that owns it: :class:`Limits`, the segmenter's
 :class:`SegmenterOptions`, the runtimes' :class:`FishSettings` and :class:`PiperSettings`, the
-voice library's :class:`VoiceSettings`, the scheduler's :class:`SchedulingSettings`, and the
-server's own fields here. The environment
+voice library's :class:`VoiceSettings`, the scheduler's :class:`SchedulingSettings`, the
+Wyoming server's :class:`WyomingSettings`, and the server's own fields here. The environment
 names stay flat (``STREAMTTS_MAX_STREAMS``, not ``STREAMTTS_FISH_MAX_STREAMS``): leaf names are
 unique across sections. Every default and outcome is documented in docs/operations.md.
 """
@@ -24,6 +24,7 @@ from streamtts.piper.settings import PiperSettings
 from streamtts.scheduling import SchedulingSettings
 from streamtts.segmenter import SegmenterOptions
 from streamtts.voices.settings import VoiceSettings
+from streamtts.wyoming.settings import WyomingSettings
 
 ENV_PREFIX = "STREAMTTS_"
 
@@ -62,6 +63,7 @@ class Settings:
     piper: PiperSettings = field(default_factory=PiperSettings)
     voices: VoiceSettings = field(default_factory=VoiceSettings)
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
+    wyoming: WyomingSettings = field(default_factory=WyomingSettings)
 
     def __post_init__(self) -> None:
         require_bounds(self)
@@ -71,10 +73,20 @@ class Settings:
             raise SettingsError("watchdog_interval_s must be > 0")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise SettingsError("TLS needs both ssl_certfile and ssl_keyfile, or neither")
+        if self.wyoming.wyoming_port == self.port and self.wyoming_host == self.host:
+            raise SettingsError(
+                f"wyoming_port {self.port} is the HTTP port on the same host; use another "
+                "(Home Assistant's convention is 10200)"
+            )
 
     @property
     def tls(self) -> bool:
         return bool(self.ssl_certfile)
+
+    @property
+    def wyoming_host(self) -> str:
+        """Where the Wyoming server binds: its own host setting, else the HTTP host."""
+        return self.wyoming.wyoming_host or self.host
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

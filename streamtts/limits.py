@@ -15,6 +15,8 @@ class Limits:
     max_text_per_context_chars: int = 100_000
     max_contexts_per_socket: int = 16
     max_http_input_chars: int = 4096
+    # A request body (POST /v1/tts: msgpack or JSON, inline reference audio included).
+    max_http_body_bytes: int = 10 << 20
     idle_timeout_s: float = 300.0
     # Admission control: contexts (WebSocket) plus speech requests (HTTP) in flight at once,
     # server-wide. Beyond it: `overloaded` / close 1013 / HTTP 429 with Retry-After.
@@ -30,5 +32,6 @@ class Limits:
             max_text_per_message_chars=1,
             max_contexts_per_socket=1,
             max_http_input_chars=1,
+            max_http_body_bytes=1,
             max_active_contexts=1,
         )

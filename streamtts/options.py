@@ -191,6 +191,19 @@ TRANSPORT_FIELDS: dict[str, dict[str, str]] = {
         "add_phoneme_timestamps": "true or false; phoneme timestamps are never sent",
         "use_normalized_timestamps": "true or false (no timestamps are sent)",
     },
+    "wyoming": {
+        "context": "the pipeline's context for its next interaction; not part of the speech",
+    },
+    "fish": {
+        "chunk_length": "upstream's characters per text chunk (100..1000); streamtts cuts text "
+        "at sentences (max_segment_chars) whatever its value",
+        "min_chunk_length": "the cloud's smallest text chunk; as chunk_length",
+        "normalize": "upstream v1.5.0's Chinese text normaliser, which v1.5.1 removed from its "
+        "server path; streamtts, like 1.5.1, normalises no text: true and false speak the same",
+        "latency": "'normal' or 'balanced'; streamtts always streams at its lowest latency",
+        "streaming": "upstream's switch for a streamed body; the body always streams",
+        "use_memory_cache": "upstream's cache of encoded references ('on'/'off')",
+    },
 }
 
 

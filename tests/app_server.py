@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -101,3 +102,12 @@ def serve_app_in_thread(engine: Engine, settings: Settings | None = None) -> Ite
         loop.call_soon_threadsafe(stop.set)
         thread.join(START_TIMEOUT_S)
         loop.close()
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Wait until ``condition()`` holds (polled every 20 ms); TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(0.02)

@@ -493,3 +493,21 @@ def test_content_types_and_validation() -> None:
         make_container_encoder("ogg", 24000)
     with pytest.raises(ValueError):
         make_container_encoder("wav", 0)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "low_bps", "high_bps"), [("mp3", 64_000, 192_000), ("opus", 24_000, 64_000)]
+)
+def test_a_bit_rate_sets_the_size_of_the_stream(fmt: str, low_bps: int, high_bps: int) -> None:
+    noise = np.random.default_rng(0).uniform(-0.5, 0.5, 48000 * 3).astype(np.float32)
+    sizes = []
+    for bit_rate_bps in (low_bps, high_bps):
+        encoder = make_container_encoder(fmt, 48000, bit_rate_bps)
+        data, _ = encode_stream(encoder, noise, 4800)
+        sizes.append(len(data))
+        assert 2.9 < decode_with_av(data)[0] / decode_with_av(data)[1] < 3.2
+    # The encoded size follows the bit rate (3 s of noise; containers add a little).
+    assert sizes[1] / sizes[0] == pytest.approx(high_bps / low_bps, rel=0.25)
+    for fmt_without in ("pcm", "wav", "flac"):
+        with pytest.raises(ValueError, match="no bit rate"):
+            make_container_encoder(fmt_without, 24000, 64_000)

@@ -13,19 +13,22 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Mount, Route
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
 
 from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.engine.factory import create_engine
-from streamtts.server import openai
+from streamtts.server import fishapi, openai
 from streamtts.server import voices as server_voices
 from streamtts.server.auth import ApiKeys, OriginPolicy, SecurityMiddleware
+from streamtts.server.fish_live import serve_fish_live
 from streamtts.server.metrics import CONTENT_TYPE, Metrics
 from streamtts.server.shutdown import watchdog
 from streamtts.server.sockets import dialect_for_path, socket_routes
 from streamtts.server.state import AppState
+from streamtts.server.wyoming import WyomingServer
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +58,19 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         dog = asyncio.create_task(
             watchdog(state.engine, lifecycle, settings.watchdog_interval_s), name="watchdog"
         )
+        # Wyoming listens only once the engine is ready: Home Assistant's describe and
+        # synthesize are answered from the first connection on.
+        wyoming = WyomingServer(state) if settings.wyoming.enabled else None
         try:
+            if wyoming is not None:
+                await wyoming.start()
             yield
         finally:
             lifecycle.ready = False
             dog.cancel()
             rescans.cancel()
+            if wyoming is not None:
+                await wyoming.stop()
             await state.engine.stop()
 
     async def healthz(request: Request) -> Response:
@@ -94,6 +104,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     async def speech(request: Request) -> Response:
         return await openai.speech(request, state)
 
+    async def fish_tts(request: Request) -> Response:
+        return await fishapi.tts(request, state)
+
+    async def fish_live(ws: WebSocket) -> None:
+        await serve_fish_live(ws, state)
+
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/readyz", readyz),
@@ -104,7 +120,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         Route("/v1/audio/voices", voices, methods=["GET"]),
         Route("/v1/models", models),
         Route("/v1/audio/speech", speech, methods=["POST"]),
+        Route("/v1/tts", fish_tts, methods=["POST"]),
         *socket_routes(state),
+        WebSocketRoute("/v1/tts/live", fish_live),
     ]
     if STATIC_DIR.is_dir():
         routes.append(Mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="static"))
@@ -136,7 +154,7 @@ def _register_gauges(metrics: Metrics, state: AppState) -> None:
     )
     metrics.gauge(
         "streamtts_open_sockets",
-        "Open streaming WebSockets (every protocol).",
+        "Open streaming WebSockets (every protocol) and Wyoming connections.",
         lambda: state.lifecycle.open_sockets,
     )
     metrics.gauge(

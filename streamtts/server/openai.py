@@ -20,13 +20,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from streamtts.audio import StreamingResampler, content_type, make_container_encoder
+from streamtts.audio import content_type
 from streamtts.config import Settings
 from streamtts.engine.base import (
     ClonedVoice,
     Engine,
     EngineError,
-    EngineStream,
     OverloadedError,
 )
 from streamtts.options import (
@@ -36,9 +35,9 @@ from streamtts.options import (
     describe_options,
     parse_options,
 )
-from streamtts.segmenter import segment_text
-from streamtts.server.admission import RETRY_AFTER_S, Ticket
+from streamtts.server.admission import RETRY_AFTER_S
 from streamtts.server.errors import wire_error
+from streamtts.server.http_audio import encoded_audio
 from streamtts.server.state import AppState
 from streamtts.voices.catalog import VoiceCatalog
 
@@ -140,7 +139,7 @@ async def speech(request: Request, state: AppState) -> Response:
         if isinstance(exc, OverloadedError):
             return _overloaded(wire.message)
         return openai_error(wire.http_status, wire.message, wire.param, wire.code)
-    audio = _encoded_audio(stream, ticket, state, req.input, req.format)
+    audio = encoded_audio(stream, ticket, state, req.input, req.format, OPENAI_SAMPLE_RATE_HZ)
     if req.sse:
         return StreamingResponse(_sse_events(audio), media_type="text/event-stream")
     return StreamingResponse(
@@ -207,39 +206,6 @@ def _resolve_voice(voice: Any, voices: VoiceCatalog) -> str | ClonedVoice:
     if not isinstance(voice, str) or voice not in voices:
         raise _BadRequest(f"unknown voice {voice!r}; GET /v1/voices lists them", "voice")
     return voices.resolve(voice)
-
-
-async def _encoded_audio(
-    stream: EngineStream, ticket: Ticket, state: AppState, text: str, fmt: str
-) -> AsyncIterator[bytes]:
-    settings = state.settings
-    expired = state.lifecycle.expired
-    reason = "disconnect"
-    segments = segment_text(text, settings.segmenter)
-    resampler = StreamingResampler(stream.sample_rate, OPENAI_SAMPLE_RATE_HZ)
-    encoder = make_container_encoder(fmt, OPENAI_SAMPLE_RATE_HZ)
-    try:
-        for text_segment in segments:
-            async for pcm in stream.synthesize(text_segment):
-                if expired.is_set():  # shutdown grace is over: end the body here
-                    reason = "shutdown"
-                    return
-                out = encoder.write(resampler.process(pcm))
-                if out:
-                    yield out
-        tail = encoder.write(resampler.flush()) + encoder.finish()
-        if tail:
-            yield tail
-        reason = "end"
-    except EngineError as exc:
-        reason = "error"
-        state.metrics.errors_total.inc(wire_error(exc).code)
-        raise
-    finally:
-        # Runs on completion and when the client disconnects mid-body (generator closed).
-        stream.close()
-        ticket.release()
-        state.metrics.contexts_total.inc(reason)
 
 
 async def _sse_events(audio: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

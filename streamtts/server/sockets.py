@@ -36,7 +36,7 @@ def _elevenlabs(multi: bool) -> DialectFactory:
         return ElevenLabsDialect(
             voice_id=ws.path_params["voice_id"],
             query=ws.query_params,
-            voices=frozenset(v.id for v in state.engine.voices()),
+            voices=state.voices,
             max_text_chars=state.settings.limits.max_text_per_message_chars,
             multi=multi,
         )

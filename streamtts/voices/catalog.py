@@ -26,11 +26,12 @@ from typing import Any
 from streamtts.engine.base import (
     ClonedVoice,
     CloningNotSupportedError,
+    Codes,
     Engine,
     EngineError,
     UnknownVoiceError,
 )
-from streamtts.voices.audio_input import AudioInputError, decode_reference
+from streamtts.voices.audio_input import AudioInputError, DecodedAudio, decode_reference
 from streamtts.voices.settings import VoiceSettings
 from streamtts.voices.store import (
     VOICE_ID,
@@ -43,6 +44,7 @@ from streamtts.voices.store import (
 log = logging.getLogger(__name__)
 
 DEFAULT_VOICE_ALIAS = "default"
+INLINE_VOICE_ID = "inline"  # names a one-off voice (its prompt is cached by content)
 MISS_RESCAN_S = 0.2  # unknown ids rescan the folder at most this often
 MAX_NAME_CHARS = 100
 MAX_TEXT_CHARS = 2000
@@ -157,22 +159,55 @@ class VoiceCatalog:
 
     # ---- adding and deleting ----
 
-    async def create(self, upload: VoiceUpload) -> dict[str, Any]:
-        """Encode and store a cloned voice; :class:`VoiceError` if refused (nothing changes)."""
-        engine, settings = self._engine, self._settings
+    async def one_off(self, audio: bytes, text: str) -> ClonedVoice:
+        """A voice made of an inline reference (Fish API ``references``) for one request: encoded
+        now, not stored; its prompt is cached by content like a stored voice's. Refused as
+        :meth:`create` refuses."""
+        text = self._check_reference(audio, text)
+        decoded = await self._decode(audio)
+        return ClonedVoice(INLINE_VOICE_ID, text, await self._encode(decoded))
+
+    def _check_reference(self, audio: bytes, text: str) -> str:
+        """The transcript, normalised; :class:`VoiceError` if the engine cannot clone or the
+        reference is missing a part."""
+        engine = self._engine
         if not engine.supports_cloning:
             raise VoiceError(
                 "cloning_not_supported",
                 400,
                 f"the {engine.kind} engine cannot clone voices; serve a Fish-Speech model",
             )
-        if not upload.audio:
+        if not audio:
             raise VoiceError("missing_audio", 400, "send the reference recording as 'audio'")
-        text = " ".join(upload.text.split())
+        text = " ".join(text.split())
         if not text:
             raise VoiceError("missing_text", 400, "send the recording's transcript as 'text'")
         if len(text) > MAX_TEXT_CHARS:
             raise VoiceError("text_too_long", 400, f"'text' is over {MAX_TEXT_CHARS} characters")
+        return text
+
+    async def _decode(self, audio: bytes) -> DecodedAudio:
+        settings = self._settings
+        try:
+            return await asyncio.to_thread(
+                decode_reference, audio, settings.min_reference_s, settings.max_reference_s
+            )
+        except AudioInputError as exc:
+            status = 415 if exc.code == "unsupported_audio" else 400
+            raise VoiceError(exc.code, status, str(exc)) from None
+
+    async def _encode(self, decoded: DecodedAudio) -> Codes:
+        try:
+            return await self._engine.encode_reference(decoded.samples, decoded.rate_hz)
+        except CloningNotSupportedError as exc:
+            raise VoiceError("cloning_not_supported", 400, str(exc)) from None
+        except EngineError as exc:
+            raise VoiceError("unsupported_audio", 400, str(exc)) from None
+
+    async def create(self, upload: VoiceUpload) -> dict[str, Any]:
+        """Encode and store a cloned voice; :class:`VoiceError` if refused (nothing changes)."""
+        engine, settings = self._engine, self._settings
+        text = self._check_reference(upload.audio, upload.text)
         name = " ".join(upload.name.split())[:MAX_NAME_CHARS]
         voice_id = upload.voice_id or _new_id(name or PurePath(upload.filename).stem)
         self._check_new_id(voice_id)
@@ -183,19 +218,8 @@ class VoiceCatalog:
             raise VoiceError(
                 "too_many_voices", 409, f"the library holds its limit of {settings.max_voices}"
             )
-        try:
-            decoded = await asyncio.to_thread(
-                decode_reference, upload.audio, settings.min_reference_s, settings.max_reference_s
-            )
-        except AudioInputError as exc:
-            status = 415 if exc.code == "unsupported_audio" else 400
-            raise VoiceError(exc.code, status, str(exc)) from None
-        try:
-            codes = await engine.encode_reference(decoded.samples, decoded.rate_hz)
-        except CloningNotSupportedError as exc:
-            raise VoiceError("cloning_not_supported", 400, str(exc)) from None
-        except EngineError as exc:
-            raise VoiceError("unsupported_audio", 400, str(exc)) from None
+        decoded = await self._decode(upload.audio)
+        codes = await self._encode(decoded)
         voice = StoredVoice(
             id=voice_id,
             name=name or voice_id,

@@ -132,3 +132,22 @@ def test_an_empty_png_path_skips_the_chart(live_fish_server: str, tmp_path: Path
     assert json.loads(out_json.read_text())["levels"][0]["errors"] == 0
     assert list(tmp_path.iterdir()) == [out_json]
     assert f"wrote {out_json}\n" in result.stderr
+
+
+def test_first_audio_through_the_compatibility_clients() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest.compat_first_audio", "--spawn", "--runs", "1"],
+        cwd=REPO_DIR, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    clients = [k for k in figures if k not in ("sentence", "runs")]
+    assert clients == [
+        "wyoming_plain",
+        "wyoming_streaming",
+        "fish_legacy_http",
+        "fish_new_http",
+        "fish_legacy_live",
+        "fish_new_live",
+    ]
+    assert all(figures[c]["first_audio_ms_p50"] > 0 for c in clients)

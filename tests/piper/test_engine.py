@@ -35,7 +35,8 @@ async def speak(engine: PiperEngine, options: SynthesisOptions) -> np.ndarray:
 async def test_speed_changes_the_duration(engine: PiperEngine) -> None:
     normal = await speak(engine, SynthesisOptions())
     fast = await speak(engine, SynthesisOptions(speed=2.0))
-    assert 0.4 < fast.size / normal.size < 0.65
+    # Piper draws its phoneme durations at random (noise_w), so the ratio varies around 0.5.
+    assert 0.35 < fast.size / normal.size < 0.72
     assert engine.sample_rate == 22050 and engine.describe()["engine"] == "piper"
 
 
@@ -60,7 +61,8 @@ async def test_every_segment_of_a_stream_is_spoken(engine: PiperEngine) -> None:
     worker thread returning."""
     stream = engine.open_stream(engine.default_voice, SynthesisOptions())
     sizes = []
-    for text in ["First sentence here.", "A second one.", "And a third, longer sentence."]:
+    for text in ["One.", "Two words.", "Three more words.", "Four.", "Five now.", "Six."] * 2:
         sizes.append(sum([pcm.size async for pcm in stream.synthesize(text)]))
     stream.close()
-    assert all(size > 10_000 for size in sizes), sizes
+    assert all(size > 2000 for size in sizes), sizes  # none was lost after the one before it
+    assert stream.stats.segments == len(sizes)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import numpy as np
 import pytest
 
@@ -242,3 +243,37 @@ async def test_a_voice_another_replica_adds_is_found_on_first_use(
         async with httpx.AsyncClient(base_url=one.url) as http:
             assert (await post_voice(http, reference_wav, id="from-one")).status_code == 201
         assert (await speak_native(two, "from-one"))["reason"] == "end"
+
+
+async def test_a_fish_api_inline_reference_speaks_as_the_stored_voice_of_it(
+    app: RunningApp, reference_wav: bytes
+) -> None:
+    """``references`` of ``POST /v1/tts``: encoded for the one request, not stored, and the same
+    voice as the stored one made of the same recording (same seed, same audio)."""
+    inline = [{"audio": reference_wav, "text": TRANSCRIPT}]
+    request = {"text": "Hello from my cloned voice.", "format": "pcm", "seed": 5}
+    headers = {"content-type": "application/msgpack"}
+    async with httpx.AsyncClient(base_url=app.url, timeout=120) as http:
+
+        async def tts(**fields: Any) -> httpx.Response:
+            body = msgpack.packb({**request, **fields}, use_bin_type=True)
+            return await http.post("/v1/tts", content=body, headers=headers)
+
+        spoken_inline = await tts(references=inline)
+        assert spoken_inline.status_code == 200, spoken_inline.text
+        listed = (await http.get("/v1/voices")).json()["voices"]
+        assert not any(v["cloned"] for v in listed)  # nothing was stored
+        assert (await post_voice(http, reference_wav, id="mine")).status_code == 201
+        spoken_stored = await tts(reference_id="mine")
+        spoken_default = await tts()
+        assert spoken_inline.content == spoken_stored.content
+        assert spoken_inline.content != spoken_default.content
+
+        too_short = await tts(
+            references=[{"audio": encode(tone(0.5), 22_050, "wav"), "text": "Hi."}]
+        )
+        assert too_short.status_code == 400 and "references[0]" in too_short.json()["message"]
+        two = await tts(references=inline * 2)
+        assert two.status_code == 400 and "one is supported" in two.json()["message"]
+        not_audio = await tts(references=[{"audio": b"not audio at all", "text": "Hi."}])
+        assert not_audio.status_code == 415, not_audio.text

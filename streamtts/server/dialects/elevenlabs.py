@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -185,7 +185,7 @@ class ElevenLabsDialect(Dialect):
         self,
         voice_id: str,
         query: Mapping[str, str],
-        voices: Collection[str],
+        voices: Container[str],
         max_text_chars: int,
         multi: bool,
     ) -> None:
