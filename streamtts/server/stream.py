@@ -103,7 +103,7 @@ class StreamSocket:
                 self._release(context)
 
     async def _refuse(self, code: int, reason: str, cause: str) -> None:
-        self._state.metrics.rejected_total.inc(cause)
+        self._state.metrics.rejected_total.labels(cause).inc()
         await self._ws.accept(subprotocol=self._ws.scope.get(SUBPROTOCOL_SCOPE_KEY))
         await self._ws.close(code, reason)
 
@@ -239,7 +239,7 @@ class StreamSocket:
 
     async def _send_json(self, message: dict[str, object]) -> None:
         if message.get("type") == "error":
-            self._state.metrics.errors_total.inc(str(message.get("code")))
+            self._state.metrics.errors_total.labels(str(message.get("code"))).inc()
         self._outbox.queue_text(dumps(message))
 
     async def _send_audio(self, context: str, payload: bytes, ms: float) -> None:
