@@ -4,7 +4,9 @@ own schemas with ``kubernetes-validate --strict`` (CRDs, which it has no schema 
 structure), bad values refused, and what the chart promises checked on the output: probes,
 drain timing, security, GPU scheduling, autoscaling, secrets, ingress.
 
-Run by scripts/test-deploy (``pytest -m deploy tests/deploy``): needs the ``deploy`` extras."""
+Run by scripts/test-deploy (``pytest -m deploy tests/deploy``): needs the ``deploy`` extras,
+imported only when a test runs, so the main suite (which deselects these) collects the module
+without them."""
 
 from __future__ import annotations
 
@@ -13,15 +15,16 @@ import importlib.util
 import json
 import tomllib
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import helm_python
-import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 
 from streamtts.config import ENV_PREFIX, Settings
+
+if TYPE_CHECKING:
+    import helm_python
 
 pytestmark = pytest.mark.deploy
 
@@ -30,8 +33,8 @@ CHART_DIR = REPO_DIR / "deploy" / "helm" / "streamtts"
 ADAPTER_VALUES = REPO_DIR / "deploy" / "helm" / "prometheus-adapter-values.yaml"
 RELEASE, NAMESPACE = "tts", "voice"
 FULLNAME = "tts-streamtts"
-# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas.
-KUBE_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion); the newest schemas too.
+OLDEST_KUBE_VERSION = "1.27"
 # Custom resources: no schema in kubernetes-validate; checked by structure below.
 CRDS = {("keda.sh/v1alpha1", "ScaledObject"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
 
@@ -41,9 +44,23 @@ MATRIX: dict[str, dict[str, Any]] = {"defaults": {}} | {
 }
 
 
+def helm() -> ModuleType:
+    import helm_python
+
+    return helm_python
+
+
+def schema_validator() -> Any:
+    """An independent JSON-schema validator for the chart's schema (not Helm's)."""
+    import jsonschema
+
+    return jsonschema.Draft7Validator(chart_schema())
+
+
 @pytest.fixture(scope="module")
 def chart() -> helm_python.Chart:
-    return helm_python.Chart.load(CHART_DIR)
+    found: helm_python.Chart = helm().Chart.load(CHART_DIR)
+    return found
 
 
 def render(chart: helm_python.Chart, values: dict[str, Any]) -> dict[tuple[str, str], Any]:
@@ -75,6 +92,9 @@ def env_of(manifests: dict[tuple[str, str], Any]) -> dict[str, str]:
 
 @pytest.mark.parametrize("case", MATRIX)
 def test_renders_and_validates_strictly(chart: helm_python.Chart, case: str) -> None:
+    import kubernetes_validate
+
+    versions = (OLDEST_KUBE_VERSION, kubernetes_validate.utils.latest_version())
     manifests = render(chart, MATRIX[case])
     kinds = {kind for kind, _ in manifests}
     assert {"Deployment", "Service", "NOTES"} <= kinds
@@ -84,14 +104,14 @@ def test_renders_and_validates_strictly(chart: helm_python.Chart, case: str) -> 
         assert manifest["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
         if (manifest["apiVersion"], kind) in CRDS:
             continue
-        for version in KUBE_VERSIONS:
+        for version in versions:
             # Raises ValidationError naming the path of a misspelt or ill-typed field.
             kubernetes_validate.validate(manifest, version, strict=True)
 
 
 @pytest.mark.parametrize("case", MATRIX)
 def test_lint_is_clean(case: str) -> None:
-    report = helm_python.lint(CHART_DIR, MATRIX[case], strict=True, namespace=NAMESPACE)
+    report = helm().lint(CHART_DIR, MATRIX[case], strict=True, namespace=NAMESPACE)
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert not problems and not report["errors"], report
 
@@ -343,19 +363,19 @@ BAD_COMBINATIONS: list[tuple[dict[str, Any], str]] = [
 def test_schema_refuses_bad_values(
     chart: helm_python.Chart, values: dict[str, Any], names: str
 ) -> None:
-    with pytest.raises(helm_python.HelmValuesError, match="schema") as refused:
+    with pytest.raises(helm().HelmValuesError, match="schema") as refused:
         chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
     assert names in str(refused.value)
     # The schema itself says no, not only Helm's reading of it: an independent validator.
     merged = chart.merge_values(values)
-    assert list(jsonschema.Draft7Validator(chart_schema()).iter_errors(merged))
+    assert list(schema_validator().iter_errors(merged))
 
 
 @pytest.mark.parametrize(("values", "message"), BAD_COMBINATIONS)
 def test_templates_refuse_bad_combinations(
     chart: helm_python.Chart, values: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(helm_python.HelmRenderError, match=message):
+    with pytest.raises(helm().HelmRenderError, match=message):
         chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
 
 
@@ -366,10 +386,12 @@ def chart_schema() -> dict[str, Any]:
 
 @pytest.mark.parametrize("case", MATRIX)
 def test_good_values_pass_an_independent_validator(chart: helm_python.Chart, case: str) -> None:
-    jsonschema.Draft7Validator(chart_schema()).validate(chart.merge_values(MATRIX[case]))
+    schema_validator().validate(chart.merge_values(MATRIX[case]))
 
 
 def test_schema_is_valid_and_lists_every_server_setting() -> None:
+    import jsonschema
+
     schema = chart_schema()
     jsonschema.Draft7Validator.check_schema(schema)
     spec = importlib.util.spec_from_file_location(
