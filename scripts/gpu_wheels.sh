@@ -9,6 +9,6 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/ex
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .whl "soxr==1.1.0" av starlette uvicorn h11 click \
-    websockets orjson anyio sniffio idna typing_extensions
+    websockets orjson anyio sniffio idna typing_extensions prometheus_client
 ls -la .whl
 du -sh .whl

@@ -131,7 +131,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             SecurityMiddleware,
             keys=keys,
             origins=OriginPolicy(settings.allowed_origins),
-            on_reject=state.metrics.rejected_total.inc,
+            on_reject=lambda cause: state.metrics.rejected_total.labels(cause).inc(),
             dialect_for_path=dialect_for_path,
         )
     ]

@@ -211,7 +211,7 @@ class ContextRunner:
 
     def _count_end(self, reason: str) -> None:
         if self._metrics is not None:
-            self._metrics.contexts_total.inc(reason)
+            self._metrics.contexts_total.labels(reason).inc()
 
     def _audio_ms(self) -> float:
         return 1000.0 * self._audio_samples_out / self._fmt.sample_rate

@@ -105,7 +105,7 @@ class FishLiveSocket:
             refusal = (CloseCode.OVERLOADED, "server overloaded", "overloaded")
         await self._ws.accept(subprotocol=self._ws.scope.get(SUBPROTOCOL_SCOPE_KEY))
         if refusal is not None:
-            metrics.rejected_total.inc(refusal[2])
+            metrics.rejected_total.labels(refusal[2]).inc()
             await self._ws.close(refusal[0], refusal[1])
             return
         lifecycle.register(self)
@@ -260,7 +260,7 @@ class FishLiveSocket:
         self._finish_error(code, message, CloseCode.NORMAL)
 
     def _finish_error(self, code: str, message: str, close_code: int) -> None:
-        self._state.metrics.errors_total.inc(code)
+        self._state.metrics.errors_total.labels(code).inc()
         self._finish(finish_event("error", code, message), close_code)
 
     def _finish(self, event: bytes, close_code: int) -> None:

@@ -76,13 +76,13 @@ def refusal_message(exc: EngineError) -> str:
 async def tts(request: Request, state: AppState) -> Response:
     engine, settings, metrics = state.engine, state.settings, state.metrics
     if state.lifecycle.draining:
-        metrics.rejected_total.inc("shutting_down")
+        metrics.rejected_total.labels("shutting_down").inc()
         return fish_error(503, "the server is shutting down", {"Retry-After": str(RETRY_AFTER_S)})
     limit = settings.limits.max_http_body_bytes
     try:
         raw = await _body(request, limit)
     except BodyTooLarge:
-        metrics.errors_total.inc("message_too_big")
+        metrics.errors_total.labels("message_too_big").inc()
         return fish_error(413, f"the request body is larger than {limit} bytes")
     except ClientDisconnect:
         return Response(status_code=400)
@@ -93,15 +93,15 @@ async def tts(request: Request, state: AppState) -> Response:
         if not isinstance(voice, ClonedVoice):
             voice = state.voices.resolve(voice)
     except FishRequestError as exc:
-        metrics.errors_total.inc(exc.code)
+        metrics.errors_total.labels(exc.code).inc()
         return fish_error(exc.status, exc.message)
     except EngineError as exc:
         wire = wire_error(exc)
-        metrics.errors_total.inc(wire.code)
+        metrics.errors_total.labels(wire.code).inc()
         return fish_error(wire.http_status, refusal_message(exc))
     ticket = state.admission.try_acquire()
     if ticket is None:
-        metrics.errors_total.inc("overloaded")
+        metrics.errors_total.labels("overloaded").inc()
         return fish_error(
             429,
             f"the server is at its capacity of {state.admission.capacity} active streams; "
@@ -113,7 +113,7 @@ async def tts(request: Request, state: AppState) -> Response:
     except EngineError as exc:
         ticket.release()
         wire = wire_error(exc)
-        metrics.errors_total.inc(wire.code)
+        metrics.errors_total.labels(wire.code).inc()
         headers = {"Retry-After": str(RETRY_AFTER_S)} if isinstance(exc, OverloadedError) else None
         return fish_error(wire.http_status, refusal_message(exc), headers)
     rate_hz = req.sample_rate_hz or engine.sample_rate

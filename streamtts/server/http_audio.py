@@ -49,11 +49,11 @@ async def encoded_audio(
         reason = "end"
     except EngineError as exc:
         reason = "error"
-        state.metrics.errors_total.inc(wire_error(exc).code)
+        state.metrics.errors_total.labels(wire_error(exc).code).inc()
         raise
     finally:
         # Runs on completion and when the client disconnects mid-body (generator closed).
         encoder.close()
         stream.close()
         ticket.release()
-        state.metrics.contexts_total.inc(reason)
+        state.metrics.contexts_total.labels(reason).inc()

@@ -1,134 +1,138 @@
-"""Prometheus metrics, written in the text exposition format (version 0.0.4) by hand.
+"""Prometheus metrics through ``prometheus-client``: one registry per app.
 
-A few counters, gauges and one histogram are all the server needs; no client library. Every
-metric lives in one :class:`Metrics` object per app, so tests and several apps in one process
-never share state. All updates happen on the event loop (no locks).
+Every metric lives in its :class:`Metrics` object's own ``CollectorRegistry``, so tests and
+several apps in one process never share state. ``/metrics`` is the text format 0.0.4 with the
+metric names, labels and meanings dashboards rely on (docs/operations.md lists them), plus the
+library's process and Python metrics (``process_*``, ``python_*``).
+
+Two choices keep the exposition what it was before the library:
+
+- the library adds a ``<name>_created`` gauge (a creation timestamp) beside every counter and
+  histogram; it is left out, so a scrape carries no series it did not carry before;
+- gauges are read at scrape time from callbacks registered by the parts that own the numbers
+  (they cannot drift from the truth); a callback returning ``None`` omits its gauge (e.g. KV
+  slots for an engine that has none) instead of exporting a made-up 0.
+
+Adding a metric is one line: a counter or histogram as an attribute in :meth:`Metrics.__init__`
+(``self.late_audio_total = self._counter(name, help, label)``), a gauge with
+:meth:`Metrics.gauge` where its number lives. Histogram bucket labels are the library's
+(``le="25.0"``), as Prometheus 3 writes them anyway.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 # Time to first audio, milliseconds.
 TTFA_BUCKETS_MS = (25, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000)
 
+ReadGauge = Callable[[], float | None]
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(pairs: Iterable[tuple[str, str]]) -> str:
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
-    return "{" + inner + "}" if inner else ""
-
-
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
-
-
-class Counter:
-    """A counter with at most one label."""
-
-    def __init__(self, name: str, help_text: str, label: str | None = None) -> None:
-        self.name, self.help, self.label = name, help_text, label
-        self._values: dict[str, float] = {}
-
-    def inc(self, label_value: str = "", amount: float = 1.0) -> None:
-        self._values[label_value] = self._values.get(label_value, 0.0) + amount
-
-    def value(self, label_value: str = "") -> float:
-        return self._values.get(label_value, 0.0)
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        values = self._values if self._values or self.label else {"": 0.0}
-        for key, value in sorted(values.items()):
-            labels = _labels([(self.label, key)] if self.label else [])
-            lines.append(f"{self.name}{labels} {_number(value)}")
-        return lines
-
-
-class Gauge:
-    """A gauge read from a callback at scrape time (so it can never drift from the truth)."""
-
-    def __init__(self, name: str, help_text: str, read: Callable[[], float | None]) -> None:
-        self.name, self.help, self._read = name, help_text, read
-
-    def render(self) -> list[str]:
-        value = self._read()
-        if value is None:
-            return []
-        return [
-            f"# HELP {self.name} {self.help}",
-            f"# TYPE {self.name} gauge",
-            f"{self.name} {_number(value)}",
-        ]
-
-
-class Histogram:
-    def __init__(self, name: str, help_text: str, buckets: Iterable[float]) -> None:
-        self.name, self.help = name, help_text
-        self.buckets = tuple(sorted(buckets))
-        self._counts = [0] * len(self.buckets)
-        self.count = 0
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.count += 1
-        self.sum += value
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self._counts[i] += 1
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        for bound, count in zip(self.buckets, self._counts, strict=True):
-            lines.append(f'{self.name}_bucket{{le="{_number(bound)}"}} {count}')
-        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
-        lines.append(f"{self.name}_sum {_number(self.sum)}")
-        lines.append(f"{self.name}_count {self.count}")
-        return lines
+__all__ = ["CONTENT_TYPE", "TTFA_BUCKETS_MS", "Metrics", "parse_exposition"]
 
 
 class Metrics:
-    """The server's metrics. Gauges are registered by the parts that own the numbers."""
+    """The server's metrics and their registry."""
 
     def __init__(self) -> None:
-        self.contexts_total = Counter(
+        self.registry = CollectorRegistry()
+        # The counters and histograms live here; the app's registry sees them without the
+        # library's `_created` series.
+        self._instruments = CollectorRegistry()
+        self.registry.register(_WithoutCreated(self._instruments))
+        self._gauges = _ScrapeGauges()
+        self.registry.register(self._gauges)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+
+        self.contexts_total = self._counter(
             "streamtts_contexts_total",
             "Contexts (WebSocket) and speech requests (HTTP) ended, by reason.",
             "reason",
         )
-        self.errors_total = Counter(
+        self.errors_total = self._counter(
             "streamtts_errors_total", "Errors sent to clients, by code.", "code"
         )
-        self.rejected_total = Counter(
+        self.rejected_total = self._counter(
             "streamtts_rejected_total",
             "Connections and requests refused before any work, by cause.",
             "cause",
         )
-        self.ttfa_ms = Histogram(
+        self.ttfa_ms = self._histogram(
             "streamtts_ttfa_ms", "Server-side time to first audio, milliseconds.", TTFA_BUCKETS_MS
         )
-        self._gauges: list[Gauge] = []
 
-    def gauge(self, name: str, help_text: str, read: Callable[[], float | None]) -> None:
-        self._gauges.append(Gauge(name, help_text, read))
+    def gauge(self, name: str, help_text: str, read: ReadGauge) -> None:
+        """Export ``read()`` as a gauge at every scrape (omitted while it returns None)."""
+        self._gauges.add(name, help_text, read)
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for gauge in self._gauges:
-            lines += gauge.render()
-        for metric in (self.contexts_total, self.errors_total, self.rejected_total, self.ttfa_ms):
-            lines += metric.render()
-        return "\n".join(lines) + "\n"
+    def render(self) -> bytes:
+        """The text exposition of every metric (``CONTENT_TYPE``)."""
+        return generate_latest(self.registry)
+
+    def value(self, sample: str, **labels: str) -> float:
+        """One sample's current value, 0 where it has none yet (e.g. an unseen label)."""
+        found = self.registry.get_sample_value(sample, labels)
+        return 0.0 if found is None else found
+
+    def _counter(self, name: str, help_text: str, label: str) -> Counter:
+        return Counter(name, help_text, [label], registry=self._instruments)
+
+    def _histogram(self, name: str, help_text: str, buckets: Iterable[float]) -> Histogram:
+        return Histogram(name, help_text, buckets=tuple(buckets), registry=self._instruments)
+
+
+class _ScrapeGauges(Collector):
+    """Gauges whose values are read from callbacks when Prometheus scrapes."""
+
+    def __init__(self) -> None:
+        self._gauges: dict[str, tuple[str, ReadGauge]] = {}
+
+    def add(self, name: str, help_text: str, read: ReadGauge) -> None:
+        if name in self._gauges:
+            raise ValueError(f"gauge {name} is registered already")
+        self._gauges[name] = (help_text, read)
+
+    def describe(self) -> list[Metric]:
+        return []  # the names change after registration; duplicates are refused in add()
+
+    def collect(self) -> Iterator[Metric]:
+        for name, (help_text, read) in self._gauges.items():
+            value = read()
+            if value is not None:
+                yield GaugeMetricFamily(name, help_text, value=value)
+
+
+class _WithoutCreated(Collector):
+    """Another registry's metrics without the ``<name>_created`` samples."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            created = family.name + "_created"
+            family.samples = [s for s in family.samples if s.name != created]
+            yield family
 
 
 def parse_exposition(text: str) -> dict[str, float]:

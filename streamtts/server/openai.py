@@ -110,7 +110,7 @@ def models_response(engine: Engine) -> JSONResponse:
 async def speech(request: Request, state: AppState) -> Response:
     engine, settings, metrics = state.engine, state.settings, state.metrics
     if state.lifecycle.draining:
-        metrics.rejected_total.inc("shutting_down")
+        metrics.rejected_total.labels("shutting_down").inc()
         return openai_error(
             503, "the server is shutting down", None, "shutting_down", {"Retry-After": "1"}
         )
@@ -126,7 +126,7 @@ async def speech(request: Request, state: AppState) -> Response:
         return openai_error(400, exc.message, exc.param, exc.code)
     ticket = state.admission.try_acquire()
     if ticket is None:
-        metrics.errors_total.inc("overloaded")
+        metrics.errors_total.labels("overloaded").inc()
         return _overloaded(
             f"the server is at its capacity of {state.admission.capacity} streams; retry shortly"
         )
@@ -135,7 +135,7 @@ async def speech(request: Request, state: AppState) -> Response:
     except EngineError as exc:
         ticket.release()
         wire = wire_error(exc)
-        metrics.errors_total.inc(wire.code)
+        metrics.errors_total.labels(wire.code).inc()
         if isinstance(exc, OverloadedError):
             return _overloaded(wire.message)
         return openai_error(wire.http_status, wire.message, wire.param, wire.code)

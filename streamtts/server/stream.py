@@ -111,7 +111,7 @@ class StreamSocket:
                 self._release(context)
 
     async def _refuse(self, cause: RefusalCause, message: str) -> None:
-        self._state.metrics.rejected_total.inc(str(cause))
+        self._state.metrics.rejected_total.labels(str(cause)).inc()
         refusal = self._dialect.refusal(cause, message)
         await send_refusal(self._ws, refusal, self._ws.scope.get(SUBPROTOCOL_SCOPE_KEY))
 
@@ -179,7 +179,7 @@ class StreamSocket:
                 refused.add(action.context)
 
     async def _reject(self, code: ErrorCode, message: str, context: str | None) -> None:
-        self._state.metrics.errors_total.inc(str(code))
+        self._state.metrics.errors_total.labels(str(code)).inc()
         await self._perform(self._dialect.rejected(code, message, context))
 
     async def _deliver(self, message: ClientMessage) -> bool:
@@ -258,7 +258,7 @@ class StreamSocket:
         return True
 
     async def _refuse_start(self, context: str, code: ErrorCode, message: str) -> None:
-        self._state.metrics.errors_total.inc(str(code))
+        self._state.metrics.errors_total.labels(str(code)).inc()
         await self._perform(self._dialect.start_refused(context, code, message))
 
     def _admit(self, context: str) -> str | None:
@@ -288,7 +288,7 @@ class StreamSocket:
     async def _send_json(self, message: dict[str, object]) -> None:
         """A context's native event (segment, flushed, done, error), in the dialect's frames."""
         if message.get("type") == "error":
-            self._state.metrics.errors_total.inc(str(message.get("code")))
+            self._state.metrics.errors_total.labels(str(message.get("code"))).inc()
         await self._perform(self._dialect.event(message))
 
     async def _send_audio(self, context: str, payload: bytes, ms: float) -> None:

@@ -143,7 +143,7 @@ class WyomingConnection:
     async def serve(self) -> None:
         lifecycle = self._state.lifecycle
         if lifecycle.draining or not lifecycle.ready:
-            self._state.metrics.rejected_total.inc("shutting_down")
+            self._state.metrics.rejected_total.labels("shutting_down").inc()
             self._write_event(Error(text="the server is shutting down", code=SHUTTING_DOWN).event())
             await self._close()
             return
@@ -280,7 +280,7 @@ class WyomingConnection:
 
     def _write_event(self, event: Event) -> None:
         if Error.is_type(event.type):
-            self._state.metrics.errors_total.inc(str(event.data.get("code")))
+            self._state.metrics.errors_total.labels(str(event.data.get("code"))).inc()
         if not self._writer.is_closing():
             self._writer.write(encode_event(event))
 

@@ -86,7 +86,8 @@ async def test_segments_marks_and_end_come_in_order_with_stats() -> None:
     assert done["stats"]["audio_ms"] == segments[1]["end_ms"]
     assert wire.samples() == len("Hello there.Bye.") * 160  # the resampler's tail included
     assert stream.closed and wire.finished == ["c"]
-    assert metrics.contexts_total.value("end") == 1 and metrics.ttfa_ms.count == 1
+    assert metrics.value("streamtts_contexts_total", reason="end") == 1
+    assert metrics.value("streamtts_ttfa_ms_count") == 1
     assert not runner.busy
 
 
@@ -116,7 +117,7 @@ async def test_an_engine_failure_ends_the_context_with_an_error() -> None:
     (error,) = wire.messages("error")
     assert error["code"] == "internal" and error["context"] == "c"
     assert done["reason"] == "error" and stream.closed
-    assert metrics.contexts_total.value("error") == 1
+    assert metrics.value("streamtts_contexts_total", reason="error") == 1
 
 
 async def test_a_slow_consumer_ends_only_with_its_error() -> None:
@@ -136,4 +137,4 @@ async def test_abandon_sends_nothing_and_closes_the_stream() -> None:
     await asyncio.sleep(0.06)
     await runner.abandon()
     assert stream.closed and wire.messages("done") == []
-    assert metrics.contexts_total.value("disconnect") == 1
+    assert metrics.value("streamtts_contexts_total", reason="disconnect") == 1

@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from streamtts.config import Settings, leaves
-from streamtts.server.metrics import Metrics, parse_exposition
+from streamtts.server.metrics import parse_exposition
 from tests.app_server import serve_app
 from tests.fake_engine import FakeEngine
 from tests.servers import ServerProcess
@@ -229,28 +229,3 @@ def test_every_setting_is_documented() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     for name, _ in leaves(Settings()):
         assert f"`STREAMTTS_{name.upper()}`" in doc, name
-
-
-def test_metrics_exposition_format() -> None:
-    registry = Metrics()
-    registry.gauge("demo_gauge", "A gauge.", lambda: 3)
-    registry.gauge("absent_gauge", "Not there.", lambda: None)
-    registry.contexts_total.inc("end")
-    registry.contexts_total.inc("end")
-    registry.errors_total.inc('we"ird\ncode')
-    for value in (10, 60, 60, 7000):
-        registry.ttfa_ms.observe(value)
-    text = registry.render()
-    assert text.endswith("\n")
-    assert "# TYPE demo_gauge gauge\ndemo_gauge 3\n" in text
-    assert "absent_gauge" not in text
-    assert 'streamtts_contexts_total{reason="end"} 2' in text
-    assert 'streamtts_errors_total{code="we\\"ird\\ncode"} 1' in text
-    samples = parse_exposition(text)
-    # Buckets are cumulative; +Inf is the count.
-    assert samples['streamtts_ttfa_ms_bucket{le="25"}'] == 1
-    assert samples['streamtts_ttfa_ms_bucket{le="75"}'] == 3
-    assert samples['streamtts_ttfa_ms_bucket{le="5000"}'] == 3
-    assert samples['streamtts_ttfa_ms_bucket{le="+Inf"}'] == 4
-    assert samples["streamtts_ttfa_ms_count"] == 4
-    assert samples["streamtts_ttfa_ms_sum"] == 7130

@@ -141,7 +141,7 @@ async def test_metrics_and_admission_count_wyoming_requests() -> None:
     async with wyoming_app(engine) as (app, port):
         for _ in range(2):
             assert (await ha.synthesize(HOST, port, "Hello there.")).ended_by == "audio-stop"
-        metrics = parse_exposition(app.state.metrics.render())
+        metrics = parse_exposition(app.state.metrics.render().decode())
         assert metrics['streamtts_contexts_total{reason="end"}'] == 2
         assert metrics["streamtts_ttfa_ms_count"] == 2
         await until(lambda: app.state.lifecycle.open_sockets == 0)
@@ -198,7 +198,7 @@ async def test_a_peer_that_disconnects_mid_response_leaks_nothing() -> None:
         await until(lambda: not engine.open_streams and app.state.admission.active == 0)
         assert engine.streams[-1].closed or engine.streams[0].closed
         assert (await other).ended_by == "audio-stop"
-        metrics = parse_exposition(app.state.metrics.render())
+        metrics = parse_exposition(app.state.metrics.render().decode())
         assert metrics['streamtts_contexts_total{reason="disconnect"}'] == 1
         await until(lambda: app.state.lifecycle.open_sockets == 0)
 
@@ -246,7 +246,7 @@ async def test_a_client_that_does_not_read_is_cut_off() -> None:
         await until(lambda: bool(engine.streams))
         await until(lambda: app.state.admission.active == 0 and not engine.open_streams)
         assert engine.streams[0].segments[-1] != text.split(". ")[-1]  # it did not finish
-        metrics = parse_exposition(app.state.metrics.render())
+        metrics = parse_exposition(app.state.metrics.render().decode())
         assert metrics['streamtts_errors_total{code="slow_consumer"}'] == 1
         writer.close()
         assert (await ha.synthesize(HOST, port, "Others go on.")).ended_by == "audio-stop"
