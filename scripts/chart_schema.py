@@ -17,9 +17,23 @@ from typing import Any
 from streamtts.config import Settings, leaves
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "deploy/helm/streamtts/values.schema.json"
-# Set by the chart from its own values (model, shutdown, auth, allowedOrigins, the port).
+# Set by the chart from its own values (model, shutdown, auth, allowedOrigins, the port,
+# wyoming, tls).
 CHART_MANAGED = frozenset(
-    {"HOST", "PORT", "MODEL", "SHUTDOWN_GRACE_S", "API_KEYS", "API_KEY_FILE", "ALLOWED_ORIGINS"}
+    {
+        "HOST",
+        "PORT",
+        "MODEL",
+        "SHUTDOWN_GRACE_S",
+        "API_KEYS",
+        "API_KEY_FILE",
+        "ALLOWED_ORIGINS",
+        "WYOMING_PORT",
+        "WYOMING_HOST",
+        "WYOMING_ZEROCONF",
+        "SSL_CERTFILE",
+        "SSL_KEYFILE",
+    }
 )
 JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 

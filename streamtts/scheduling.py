@@ -62,6 +62,12 @@ class PlaybackClock:
         """When the listener runs out of audio (None before the first audio)."""
         return None if self.first_audio_s is None else self.first_audio_s + self.audio_s
 
+    def resumed(self, now_s: float) -> None:
+        """The listener ran out of audio and starts hearing again at ``now_s`` (a client plays
+        late audio as it arrives)."""
+        if self.first_audio_s is not None:
+            self.first_audio_s = now_s - self.audio_s
+
     def lead_s(self, now_s: float) -> float:
         """Audio made beyond what has been heard by ``now_s`` (0 before the first audio)."""
         runs_out = self.runs_out_s

@@ -44,7 +44,10 @@ class FakeEngine(Engine):
         slots: int | None = None,
         clones: bool = False,
         codec: str = "fake-codec",
+        realtime_streams: float | None = None,
     ) -> None:
+        """``realtime_streams``: the real-time capacity it reports as measured (admission by
+        capacity reads it)."""
         self.kind = kind  # type: ignore[misc]  # which engine of the option table it plays
         self.supports_cloning = clones  # type: ignore[misc]
         self._codec = codec
@@ -54,6 +57,7 @@ class FakeEngine(Engine):
         self.chunk_samples = chunk_samples
         self.chunk_delay_s = chunk_delay_s
         self._slots = slots
+        self.realtime_streams = realtime_streams
         self.open_streams: set[FakeStream] = set()
         self.streams: list[FakeStream] = []  # every stream opened, in order
         self.opened: list[SynthesisOptions] = []
@@ -79,8 +83,9 @@ class FakeEngine(Engine):
 
     def capacity(self) -> Capacity:
         if self._slots is None:
-            return Capacity()
-        return Capacity(self._slots, self._slots - len(self.open_streams))
+            return Capacity(realtime_streams=self.realtime_streams)
+        free = self._slots - len(self.open_streams)
+        return Capacity(self._slots, free, self.realtime_streams)
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.kind, "model": "fake"}

@@ -66,3 +66,16 @@ def test_bad_settings_are_refused() -> None:
         SchedulingSettings(capacity_headroom=1.0)
     with pytest.raises(SettingsError):
         SchedulingSettings(max_send_ahead_ms=10)
+
+
+def test_a_listener_who_ran_out_resumes_at_the_next_audio() -> None:
+    clock = PlaybackClock()
+    clock.produced(1.0, now_s=10.0)
+    assert clock.runs_out_s == 11.0
+    clock.resumed(now_s=12.5)  # 1.5 s of silence: it plays the next audio as it comes
+    assert clock.runs_out_s == 12.5 and clock.lead_s(12.5) == 0.0
+    clock.produced(0.5, now_s=12.5)
+    assert clock.lead_s(12.6) == pytest.approx(0.4)
+    fresh = PlaybackClock()
+    fresh.resumed(now_s=3.0)  # no audio yet: nothing to resume
+    assert fresh.runs_out_s is None

@@ -44,6 +44,11 @@ class Admission:
         self.refused = 0
 
     @property
+    def realtime_streams(self) -> float | None:
+        """The engine's learned real-time capacity (None: by the limit alone, or not known)."""
+        return self._realtime_streams()
+
+    @property
     def capacity(self) -> int:
         """How many may be active at once now: the engine's real-time capacity (whole
         streams), at least 1, at most ``limit``."""

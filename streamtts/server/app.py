@@ -153,6 +153,26 @@ def _register_gauges(metrics: Metrics, state: AppState) -> None:
         lambda: state.admission.limit,
     )
     metrics.gauge(
+        "streamtts_realtime_capacity",
+        "Streams the engine can keep at real time by its own measured cost, less the headroom.",
+        lambda: state.admission.realtime_streams,
+    )
+    metrics.gauge(
+        "streamtts_admission_capacity",
+        "Streams admitted at most now: the real-time capacity, capped by max_active_contexts.",
+        lambda: state.admission.capacity,
+    )
+    metrics.gauge(
+        "streamtts_capacity_headroom",
+        "How many more streams are admitted now (admission capacity - active).",
+        lambda: max(0, state.admission.capacity - state.admission.active),
+    )
+    metrics.gauge(
+        "streamtts_capacity_utilization",
+        "Active streams over the admission capacity (1: new streams are refused).",
+        lambda: state.admission.active / state.admission.capacity,
+    )
+    metrics.gauge(
         "streamtts_open_sockets",
         "Open streaming WebSockets (every protocol) and Wyoming connections.",
         lambda: state.lifecycle.open_sockets,

@@ -51,13 +51,17 @@ class ContextHost:
         on_finished: Callable[[str], None] = lambda context: None,
         audio_buffer: AudioBuffer | None = None,
         resolve_voice: Callable[[str], str | ClonedVoice] | None = None,
+        paced: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``paced``: asked as each context opens, whether its audio is paced
+        (``max_send_ahead_ms``); a shell whose client downloads whole responses says no."""
         self._state = state
         self._send_message = send_message
         self._send_audio = send_audio
         self._on_finished = on_finished  # after the context's last message (done, or a refusal)
         self._audio_buffer = audio_buffer
         self._resolve_voice = resolve_voice or state.voices.resolve
+        self._paced = paced
         self._runners: dict[str, ContextRunner] = {}
         self._tickets: dict[str, Ticket] = {}
 
@@ -132,6 +136,10 @@ class ContextHost:
             send_audio=self._send_audio,
             on_finished=self._finished,
             metrics=self._state.metrics,
+            max_send_ahead_ms=self._state.settings.scheduling.max_send_ahead_ms
+            if self._paced()
+            else None,
+            beyond_capacity=self._tickets[context].beyond_capacity,
         )
         await self._send(started(context, effect.format))
 

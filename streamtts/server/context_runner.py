@@ -6,6 +6,15 @@ order. It never touches torch: the engine stream hands back numpy PCM from its o
 Sends do not wait for the client: they queue on the socket's outbox. When a context's queued
 audio passes its bound, ``send_audio`` raises :class:`SlowConsumerError` and the context ends
 with an ``error`` (code ``slow_consumer``) and ``done`` reason ``error``.
+
+Pacing (``max_send_ahead_ms``): the runner keeps a playback clock of the audio it has sent — the
+listener starts hearing at the first frame and hears in real time — and sends a frame only while
+the context is less than ``max_send_ahead_ms`` ahead of it; the rest waits here (in the engine
+stream's hand-off), where a cancel drops it. So a barge-in leaves at most that much audio in
+flight. Audio held back on purpose is not queued on the outbox, so it never counts towards
+``max_output_buffer_ms``: a client that reads its socket never gets ``slow_consumer``. A frame
+sent after the listener ran out of audio while the stream was playing is late (an underrun the
+listener heard): it is counted, and the clock resumes from it.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import numpy as np
 from streamtts.audio import StreamingResampler, make_stream_encoder
 from streamtts.engine.base import EngineError, EngineStream, PcmF32
 from streamtts.protocol import AudioFormat, ErrorCode, done, error, flushed, segment
+from streamtts.scheduling import PlaybackClock
 from streamtts.server.errors import wire_error
 from streamtts.server.metrics import Metrics
 from streamtts.server.outbox import SlowConsumerError
@@ -68,7 +78,12 @@ class ContextRunner:
         send_audio: SendBytes,
         on_finished: Callable[[str], None],
         metrics: Metrics | None = None,
+        max_send_ahead_ms: float | None = None,
+        beyond_capacity: bool = False,
     ) -> None:
+        """``max_send_ahead_ms``: the pacing bound (None: send as fast as the engine makes it,
+        for tests of the runner alone); ``beyond_capacity``: admitted alone on an idle server
+        whose engine is slower than real time (``done`` stats say so)."""
         self.context = context
         self._stream = stream
         self._engine_rate_hz = stream.sample_rate
@@ -77,6 +92,10 @@ class ContextRunner:
         self._send_audio = send_audio
         self._on_finished = on_finished
         self._metrics = metrics
+        self._max_send_ahead_s = None if max_send_ahead_ms is None else max_send_ahead_ms / 1000
+        self._beyond_capacity = beyond_capacity
+        self._played = PlaybackClock()  # the listener's playback of the audio sent so far
+        self._segment_arrived_s = 0.0  # when the segment being spoken was queued
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
         self._resampler = StreamingResampler(self._engine_rate_hz, fmt.sample_rate)
         self._encoder = make_stream_encoder(fmt.encoding, fmt.sample_rate, fmt.bit_rate_bps)
@@ -139,6 +158,7 @@ class ContextRunner:
             while True:
                 work = await self._queue.get()
                 if isinstance(work, _Segment):
+                    self._segment_arrived_s = work.queued_s
                     await self._speak(work.text)
                     self._segments_pending -= 1
                 elif isinstance(work, _FlushMark):
@@ -179,14 +199,39 @@ class ContextRunner:
             self._audio_samples_out += piece.size
             if not payload:  # a compressed stream's codec holds the samples for its next frame
                 continue
-            await self._send_audio(
-                self.context, payload, 1000.0 * piece.size / self._fmt.sample_rate
-            )
+            seconds = piece.size / self._fmt.sample_rate
+            await self._pace()
+            await self._send_audio(self.context, payload, 1000.0 * seconds)
+            self._played_out(seconds)
             if self._first_audio_s is None:
                 self._first_audio_s = time.perf_counter()
                 if self._metrics is not None and self._first_queued_s is not None:
                     ttfa_ms = 1000.0 * (self._first_audio_s - self._first_queued_s)
                     self._metrics.ttfa_ms.observe(ttfa_ms)
+
+    async def _pace(self) -> None:
+        """Wait until the context is less than ``max_send_ahead_ms`` ahead of its listener."""
+        if self._max_send_ahead_s is None:
+            return
+        excess_s = self._played.lead_s(time.perf_counter()) - self._max_send_ahead_s
+        if excess_s > 0:
+            await asyncio.sleep(excess_s)
+
+    def _played_out(self, seconds: float) -> None:
+        """``seconds`` of audio went to the socket now: advance the playback clock."""
+        now_s = time.perf_counter()
+        clock = self._played
+        runs_out_s = clock.runs_out_s
+        if runs_out_s is not None and now_s > runs_out_s:
+            # The listener had heard everything. If this segment's text came while it was still
+            # hearing the one before, the audio is late: a gap it heard.
+            if runs_out_s > self._segment_arrived_s and self._metrics is not None:
+                self._metrics.late_audio_total.inc()
+                self._metrics.late_audio_seconds_total.inc(now_s - runs_out_s)
+            clock.resumed(now_s)
+        clock.produced(seconds, now_s)
+        if self._metrics is not None:
+            self._metrics.lead_ms.observe(1000.0 * clock.lead_s(now_s))
 
     async def _send_encoder_tail(self) -> None:
         """A compressed stream's last frame (raw encodings have none)."""
@@ -216,11 +261,18 @@ class ContextRunner:
     def _audio_ms(self) -> float:
         return 1000.0 * self._audio_samples_out / self._fmt.sample_rate
 
-    def stats(self) -> dict[str, float | None]:
+    def stats(self) -> dict[str, float | bool | None]:
         ttfa_ms = None
         if self._first_audio_s is not None and self._first_queued_s is not None:
             ttfa_ms = round(1000.0 * (self._first_audio_s - self._first_queued_s), 1)
         audio_ms = self._audio_ms()
         compute_s = self._stream.stats.compute_s
         rtf = round(1000.0 * compute_s / audio_ms, 4) if audio_ms > 0 else None
-        return {"ttfa_ms": ttfa_ms, "audio_ms": round(audio_ms, 1), "rtf": rtf}
+        found: dict[str, float | bool | None] = {
+            "ttfa_ms": ttfa_ms,
+            "audio_ms": round(audio_ms, 1),
+            "rtf": rtf,
+        }
+        if self._beyond_capacity:
+            found["beyond_capacity"] = True
+        return found

@@ -40,10 +40,13 @@ CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 # Time to first audio, milliseconds.
 TTFA_BUCKETS_MS = (25, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000)
+# Audio sent ahead of the listener's playback, milliseconds (pacing keeps it under
+# max_send_ahead_ms, 1500 by default).
+LEAD_BUCKETS_MS = (0, 50, 100, 250, 500, 750, 1000, 1250, 1500, 2000, 3000, 6000)
 
 ReadGauge = Callable[[], float | None]
 
-__all__ = ["CONTENT_TYPE", "TTFA_BUCKETS_MS", "Metrics", "parse_exposition"]
+__all__ = ["CONTENT_TYPE", "LEAD_BUCKETS_MS", "TTFA_BUCKETS_MS", "Metrics", "parse_exposition"]
 
 
 class Metrics:
@@ -77,6 +80,21 @@ class Metrics:
         self.ttfa_ms = self._histogram(
             "streamtts_ttfa_ms", "Server-side time to first audio, milliseconds.", TTFA_BUCKETS_MS
         )
+        self.lead_ms = self._histogram(
+            "streamtts_lead_ms",
+            "Audio a streaming context had sent ahead of its listener's playback, milliseconds, "
+            "at each audio frame.",
+            LEAD_BUCKETS_MS,
+        )
+        self.late_audio_total = self._counter(
+            "streamtts_late_audio_total",
+            "Audio frames that reached the socket after their listener had run out of audio "
+            "mid-utterance (underruns heard).",
+        )
+        self.late_audio_seconds_total = self._counter(
+            "streamtts_late_audio_seconds_total",
+            "Total length of the gaps before late audio frames, seconds.",
+        )
 
     def gauge(self, name: str, help_text: str, read: ReadGauge) -> None:
         """Export ``read()`` as a gauge at every scrape (omitted while it returns None)."""
@@ -91,8 +109,9 @@ class Metrics:
         found = self.registry.get_sample_value(sample, labels)
         return 0.0 if found is None else found
 
-    def _counter(self, name: str, help_text: str, label: str) -> Counter:
-        return Counter(name, help_text, [label], registry=self._instruments)
+    def _counter(self, name: str, help_text: str, label: str | None = None) -> Counter:
+        labels = () if label is None else (label,)
+        return Counter(name, help_text, labels, registry=self._instruments)
 
     def _histogram(self, name: str, help_text: str, buckets: Iterable[float]) -> Histogram:
         return Histogram(name, help_text, buckets=tuple(buckets), registry=self._instruments)

@@ -253,6 +253,8 @@ class StreamSocket:
             send_audio=self._send_audio,
             on_finished=self._on_context_finished,
             metrics=self._state.metrics,
+            max_send_ahead_ms=self._settings.scheduling.max_send_ahead_ms,
+            beyond_capacity=self._tickets[effect.context].beyond_capacity,
         )
         await self._perform(self._dialect.started(effect.context, effect.format))
         return True

@@ -127,9 +127,16 @@ class WyomingConnection:
         engine = state.engine
         self._rate_hz = engine.sample_rate
         self._conversation = Conversation(
-            engine.voices, engine.default_voice, self._rate_hz, settings.segmenter, settings.limits
+            state.voices.infos,
+            engine.default_voice,
+            self._rate_hz,
+            settings.segmenter,
+            settings.limits,
         )
-        self._host = ContextHost(state, self._on_message, self._on_audio)
+        # Home Assistant plays a plain synthesize only once it has all of it: not paced.
+        self._host = ContextHost(
+            state, self._on_message, self._on_audio, paced=lambda: self._conversation.streaming
+        )
         # Audio bytes that may wait unread in the socket's buffer: max_output_buffer_ms of it.
         self._max_buffered_bytes = int(
             settings.limits.max_output_buffer_ms / 1000 * self._rate_hz * SAMPLE_WIDTH_BYTES

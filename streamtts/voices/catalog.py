@@ -30,6 +30,7 @@ from streamtts.engine.base import (
     Engine,
     EngineError,
     UnknownVoiceError,
+    VoiceInfo,
 )
 from streamtts.voices.audio_input import AudioInputError, DecodedAudio, decode_reference
 from streamtts.voices.settings import VoiceSettings
@@ -102,6 +103,15 @@ class VoiceCatalog:
         if stored is None:
             raise UnknownVoiceError(f"unknown voice {voice_id!r}; GET /v1/voices lists them")
         return ClonedVoice(stored.id, stored.text, stored.codes)
+
+    def infos(self) -> list[VoiceInfo]:
+        """Every voice offered (built-in first), for interfaces that list voices themselves
+        (Wyoming's describe)."""
+        stored = sorted(self._stored.values(), key=lambda v: v.id)
+        return self._engine.voices() + [
+            VoiceInfo(v.id, v.name, "multi", v.engine, str(v.public()["description"]))
+            for v in stored
+        ]
 
     def listing(self) -> list[dict[str, Any]]:
         builtin = [{**vars(v), "cloned": False} for v in self._engine.voices()]

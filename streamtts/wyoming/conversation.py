@@ -124,6 +124,11 @@ class Conversation:
     def busy(self) -> bool:
         return self._mode is not None
 
+    @property
+    def streaming(self) -> bool:
+        """The response in flight answers a streaming request (synthesize-start)."""
+        return self._mode is Mode.STREAMING
+
     # ---- the client's events ----
 
     def handle(self, event: Event, now_ms: float) -> list[Action]:

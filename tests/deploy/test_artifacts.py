@@ -136,6 +136,9 @@ def test_dashboard_reads_exported_metrics() -> None:
         "streamtts_rejected_total",
         "streamtts_errors_total",
         "streamtts_engine_healthy",
+        "streamtts_capacity_utilization",
+        "streamtts_late_audio_total",
+        "rate(streamtts_lead_ms_bucket",
     ):
         assert needed in joined, needed
 

@@ -251,6 +251,14 @@ def test_hpa_scales_on_live_streams(chart: helm_python.Chart) -> None:
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
     assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}
 
+    # By default the HPA scales on the capacity the pods measure of themselves, and the adapter
+    # serves that too.
+    default = render(chart, {"autoscaling": {"enabled": True}})
+    [metric] = default[("HorizontalPodAutoscaler", FULLNAME)]["spec"]["metrics"]
+    assert metric["pods"]["metric"]["name"] == "streamtts_capacity_utilization"
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "0.7"}
+    assert "streamtts_capacity_utilization" in served
+
 
 def check_service_monitor(monitor: dict[str, Any], labels: dict[str, str]) -> None:
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -351,6 +359,10 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"ingress": {"hosts": [{"host": "a.example", "paths": [{"path": "x"}]}]}}, "/ingress/hosts"),
     ({"extraEnv": [{"name": "STREAMTTS_MODEL", "value": "x"}]}, "/extraEnv/0/name"),
     ({"serviceMonitor": {"interval": "often"}}, "/serviceMonitor/interval"),
+    ({"wyoming": {"port": 8000}}, "/wyoming/port"),  # the HTTP port
+    ({"wyoming": {"port": "10200"}}, "/wyoming/port"),
+    ({"settings": {"WYOMING_PORT": 10200}}, "WYOMING_PORT"),  # the chart owns it
+    ({"tls": {"secret": "x"}}, "/tls"),
 ]
 BAD_COMBINATIONS: list[tuple[dict[str, Any], str]] = [
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "maxReplicas must be >= "),
@@ -409,3 +421,32 @@ def test_chart_version_is_the_package_version() -> None:
     chart_yaml = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
     pyproject = tomllib.loads((REPO_DIR / "pyproject.toml").read_text())
     assert chart_yaml["appVersion"] == pyproject["project"]["version"]
+
+
+def test_wyoming_port_and_tls(chart: helm_python.Chart) -> None:
+    manifests = render(chart, MATRIX["wyoming-tls"])
+    env = env_of(manifests)
+    assert env["STREAMTTS_WYOMING_PORT"] == "10200" and env["STREAMTTS_WYOMING_HOST"] == "0.0.0.0"
+    assert env["STREAMTTS_WYOMING_ZEROCONF"] == "false"
+    assert env["STREAMTTS_SSL_CERTFILE"] == "/run/secrets/streamtts-tls/tls.crt"
+    assert env["STREAMTTS_SSL_KEYFILE"] == "/run/secrets/streamtts-tls/tls.key"
+    settings = Settings.from_env({k: v for k, v in env.items() if k.startswith(ENV_PREFIX)})
+    assert settings.wyoming.enabled and settings.tls
+    main = container(manifests)
+    assert {"name": "wyoming", "containerPort": 10200, "protocol": "TCP"} in main["ports"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert main[probe]["httpGet"]["scheme"] == "HTTPS", probe
+    mounts = {m["name"]: m for m in main["volumeMounts"]}
+    assert mounts["tls"]["mountPath"] == "/run/secrets/streamtts-tls" and mounts["tls"]["readOnly"]
+    pod = manifests[("Deployment", FULLNAME)]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "streamtts-tls"
+    ports = manifests[("Service", FULLNAME)]["spec"]["ports"]
+    assert {"name": "wyoming", "port": 10200, "targetPort": "wyoming", "protocol": "TCP"} in ports
+
+    plain = render(chart, {})
+    assert "STREAMTTS_WYOMING_PORT" not in env_of(plain)
+    assert "STREAMTTS_SSL_CERTFILE" not in env_of(plain)
+    assert container(plain)["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+    assert [p["name"] for p in manifests[("Service", FULLNAME)]["spec"]["ports"]][0] == "http"
+    assert [p["name"] for p in plain[("Service", FULLNAME)]["spec"]["ports"]] == ["http"]

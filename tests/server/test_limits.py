@@ -229,3 +229,52 @@ def test_every_setting_is_documented() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     for name, _ in leaves(Settings()):
         assert f"`STREAMTTS_{name.upper()}`" in doc, name
+
+
+async def test_admission_by_capacity_refuses_at_once_while_the_admitted_streams_go_on() -> None:
+    """An engine that measured it keeps 2 streams at real time: a third is refused (context,
+    socket, HTTP) within a moment, while the two admitted streams are served to their end; the
+    server stays ready; once they end, a stream is admitted again."""
+    engine = FakeEngine(realtime_streams=2.0, chunk_delay_s=0.02)
+    async with serve_app(engine, admit_by_capacity=True) as app, httpx.AsyncClient() as http:
+        speaker, other = await StreamClient.open(app.ws_url), await StreamClient.open(app.ws_url)
+        for context in ("a1", "a2"):
+            await speaker.send(type="start", context=context)
+            await speaker.send(type="text", context=context, text=LONG_TEXT)
+            await speaker.send(type="end", context=context)
+        for context in ("a1", "a2"):
+            await speaker.until(lambda m, c=context: m["type"] == "started" and m["context"] == c)
+
+        sent_s = time.perf_counter()
+        await other.send(type="start", context="b1")
+        refused = await other.until(lambda m: m.get("context") == "b1")
+        refused_after_s = time.perf_counter() - sent_s
+        assert refused["type"] == "error" and refused["code"] == "overloaded", refused
+        assert "capacity of 2" in refused["message"]
+        assert refused_after_s < 1.0  # at once (the figure belongs in the benchmark)
+        with pytest.raises(ConnectionClosed) as closed:  # a new socket: 1013
+            async with connect(app.ws_url + "/v1/stream") as ws:
+                await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        speech = await http.post(
+            app.url + "/v1/audio/speech", json={"input": "Hi.", "voice": "alloy"}
+        )
+        assert speech.status_code == 429 and speech.headers["retry-after"] == "1"
+        assert (await http.get(app.url + "/readyz")).status_code == 200
+        assert len(engine.open_streams) == 2
+
+        audio_at_refusal = sum(len(speaker.contexts[c].audio) for c in ("a1", "a2"))
+        for context in ("a1", "a2"):
+            result = await speaker.until_done(context)
+            assert result.done is not None and result.done["reason"] == "end"
+            # All of it: ~10 ms per character (the sentences' joining spaces are not spoken).
+            assert len(result.audio) == result.done["stats"]["audio_ms"] * 48  # 24 kHz s16
+            assert result.done["stats"]["audio_ms"] > 0.95 * len(LONG_TEXT) * 10
+        assert sum(len(speaker.contexts[c].audio) for c in ("a1", "a2")) > audio_at_refusal
+
+        await other.send(type="start", context="b2")
+        assert (await other.until(lambda m: m.get("context") == "b2"))["type"] == "started"
+        metrics = parse_exposition((await http.get(app.url + "/metrics")).text)
+        assert metrics['streamtts_errors_total{code="overloaded"}'] >= 1
+        await speaker.close()
+        await other.close()

@@ -105,7 +105,8 @@ def documented_metrics() -> dict[str, str]:
 
 
 async def test_served_metrics_are_the_documented_ones() -> None:
-    async with serve_app(FakeEngine(slots=2)) as app, httpx.AsyncClient() as http:
+    engine = FakeEngine(slots=2, realtime_streams=1.5)
+    async with serve_app(engine, admit_by_capacity=True) as app, httpx.AsyncClient() as http:
         response = await http.get(app.url + "/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"] == CONTENT_TYPE
@@ -113,3 +114,8 @@ async def test_served_metrics_are_the_documented_ones() -> None:
     assert served == documented_metrics()
     assert "_created" not in response.text
     assert {"process_resident_memory_bytes", "process_cpu_seconds"} <= set(families(response.text))
+    samples = parse_exposition(response.text)
+    assert samples["streamtts_realtime_capacity"] == 1.5
+    assert samples["streamtts_admission_capacity"] == 1  # whole streams
+    assert samples["streamtts_capacity_headroom"] == 1
+    assert samples["streamtts_capacity_utilization"] == 0

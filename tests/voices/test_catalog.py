@@ -121,3 +121,28 @@ async def test_a_restart_keeps_the_voices(tmp_path: Path) -> None:
     voice = restarted.resolve("kept")
     assert isinstance(voice, ClonedVoice) and voice.text == "Some words here."
     assert np.asarray(voice.codes).dtype == np.int32
+
+
+async def test_infos_list_stored_voices_after_the_engines_own(tmp_path: Path) -> None:
+    """What Wyoming's describe lists: every voice a request may name."""
+    voices = catalog(tmp_path)
+    created = await voices.create(upload(name="Anna"))
+    infos = voices.infos()
+    assert [i.id for i in infos] == [VOICE, created["id"]]
+    assert infos[1].language == "multi" and infos[1].name == "Anna"
+    assert "cloned from 3.0 s" in infos[1].description
+
+
+async def test_a_one_off_voice_is_encoded_not_stored(tmp_path: Path) -> None:
+    voices = catalog(tmp_path)
+    voice = await voices.one_off(REFERENCE, "  Hello   there. ")
+    assert voice.text == "Hello there." and voice.codes.shape == (8, 64)
+    assert [v["cloned"] for v in voices.listing()] == [False]
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(VoiceError) as refused:
+        await voices.one_off(encode(tone(1.0), 22_050, "wav"), "Hi.")
+    assert refused.value.code == "audio_too_short"
+    piper = catalog(tmp_path, FakeEngine())
+    with pytest.raises(VoiceError) as cannot:
+        await piper.one_off(REFERENCE, "Hi.")
+    assert cannot.value.code == "cloning_not_supported"

@@ -75,3 +75,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "auth.existingSecret is set but auth.enabled is false" }}
 {{- end }}
 {{- end }}
+
+{{/* The probes' scheme: the server speaks HTTPS itself when tls.existingSecret is set. */}}
+{{- define "streamtts.probeScheme" -}}
+{{- if .Values.tls.existingSecret }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}
