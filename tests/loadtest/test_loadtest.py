@@ -96,6 +96,8 @@ def test_first_audio_measures_ttfa_and_concurrency(live_server: str) -> None:
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
     assert len(figures["ttfa_ms_runs"]) == 2 and figures["ttfa_ms_p50"] > 0
+    assert len(figures["barge_in_bytes_after_cancel_runs"]) == 2
+    assert figures["barge_in_bytes_after_cancel_p50"] >= 0 and figures["barge_in_done_ms_p50"] > 0
     assert len(figures["concurrent_streams"]) == 2
     assert all(s["audio_s"] > 1 and s["ratio"] > 0 for s in figures["concurrent_streams"])
     assert "run 2/2" in result.stderr  # progress while it runs
