@@ -22,18 +22,23 @@ _CLAUSE_END = re.compile(r"[,;:\u2013\u2014\u3001\uff0c\uff1b\uff1a](?=\s)|[.!?\
 
 
 def job_pieces(text: str, max_chars: int) -> list[str]:
-    """``text`` cut into pieces of at most ``max_chars`` (roughly): at the last clause or
-    sentence boundary within the limit, else the last space, else at the limit."""
+    """``text`` cut into pieces: at the last clause or sentence boundary within the limit, else
+    the last space, else at the limit. The first piece is at most half of ``max_chars``, the
+    others at most ``max_chars``: a segment's first audio is what its listener waits for (the
+    listener of a new stream, or one about to hear the end of the previous segment), and Piper
+    makes none of a piece's audio before all of it."""
     pieces: list[str] = []
     rest = text.strip()
-    while len(rest) > max_chars:
-        window = rest[: max_chars + 1]
-        cuts = [m.end() for m in _CLAUSE_END.finditer(window) if m.end() <= max_chars]
+    limit = max(1, max_chars // 2)
+    while len(rest) > limit:
+        window = rest[: limit + 1]
+        cuts = [m.end() for m in _CLAUSE_END.finditer(window) if m.end() <= limit]
         cut = cuts[-1] if cuts else window.rfind(" ")
         if cut <= 0:
-            cut = max_chars
+            cut = limit
         pieces.append(rest[:cut].strip())
         rest = rest[cut:].strip()
+        limit = max_chars
     if rest:
         pieces.append(rest)
     return [p for p in pieces if p]

@@ -149,14 +149,9 @@ class ContextHost:
 
     def _admit(self, context: str) -> str | None:
         """Take an admission ticket for ``context``; the refusal's message if there is none."""
-        if self._state.lifecycle.draining:
-            return "the server is shutting down; reconnect to another instance"
-        ticket = self._state.admission.try_acquire()
-        if ticket is None:
-            return (
-                f"the server is at its capacity of {self._state.admission.capacity} active "
-                "contexts; try again shortly"
-            )
+        ticket = self._state.admit_context()
+        if isinstance(ticket, str):
+            return ticket
         self._tickets[context] = ticket
         return None
 

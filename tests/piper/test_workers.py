@@ -58,9 +58,9 @@ def test_long_segments_are_cut_at_clauses_short_ones_kept() -> None:
         "night on the pier, finally went out to sea before the sun came up."
     )
     pieces = job_pieces(text, 60)
-    assert all(len(p) <= 60 for p in pieces) and len(pieces) >= 3
+    assert len(pieces[0]) <= 30 and all(len(p) <= 60 for p in pieces) and len(pieces) >= 3
     assert " ".join(pieces) == text
     assert all(p.endswith((",", ".")) for p in pieces[:-1])
     assert job_pieces("Short.", 60) == ["Short."]
-    assert job_pieces("x" * 130, 60) == ["x" * 60, "x" * 60, "x" * 10]  # no space at all
+    assert job_pieces("x" * 130, 60) == ["x" * 30, "x" * 60, "x" * 40]  # no space at all
     assert job_pieces("   ", 60) == []
