@@ -16,6 +16,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from streamtts.config import Settings
 from streamtts.server.app import create_app
 from tests.fake_engine import FakeEngine
 
@@ -108,8 +109,10 @@ def test_build_context_holds_what_the_dockerfiles_copy() -> None:
 
 
 def exported_metrics() -> set[str]:
-    """Every sample name the server's /metrics can carry (with an engine that has slots)."""
-    state = create_app(engine=FakeEngine(slots=2)).state.streamtts
+    """Every sample name the server's /metrics can carry (with an engine that has slots and
+    has measured its real-time capacity)."""
+    engine = FakeEngine(slots=2, realtime_streams=4.0)
+    state = create_app(Settings().replace(admit_by_capacity=True), engine=engine).state.streamtts
     state.metrics.ttfa_ms.observe(1)
     for counter in (state.metrics.contexts_total, state.metrics.errors_total):
         counter.labels("x").inc()
