@@ -18,7 +18,7 @@ from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.server.app import create_app
 from streamtts.server.state import AppState
-from tests.servers import free_port
+from tests.servers import UNPACED_MS, free_port
 
 START_TIMEOUT_S = 30.0
 
@@ -36,12 +36,16 @@ async def serve_app(
     settings: Settings | None = None,
     wrap: Callable[[ASGIApp], ASGIApp] | None = None,
     admit_by_capacity: bool = False,
+    paced: bool = False,
 ) -> AsyncIterator[RunningApp]:
     """``settings.ssl_certfile``/``ssl_keyfile`` make it an https:// / wss:// server; ``wrap``
     puts an ASGI layer (a wire recorder, say) around the app; ``admit_by_capacity`` is off
-    unless asked, since it depends on the machine's speed."""
+    unless asked, since it depends on the machine's speed; so is pacing (``paced``: the
+    settings' ``max_send_ahead_ms``), which makes every utterance take its real-time length."""
     port = free_port()
     settings = (settings or Settings()).replace(port=port, admit_by_capacity=admit_by_capacity)
+    if not paced:
+        settings = settings.replace(max_send_ahead_ms=UNPACED_MS)
     if not settings.voices.data_dir and not settings.voices.voices_dir:
         settings = settings.replace(data_dir=tempfile.mkdtemp(prefix="streamtts-test-"))
     app = create_app(settings, engine)

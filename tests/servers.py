@@ -16,6 +16,9 @@ import httpx
 REPO_DIR = Path(__file__).resolve().parents[1]
 SERVER_START_TIMEOUT_S = 90.0
 
+# A send-ahead bound no test utterance reaches: audio goes out as it is made.
+UNPACED_MS = 600_000
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -52,9 +55,11 @@ class ServerProcess:
             # Never the user's own data folder: a fresh one unless the test gives one.
             env={
                 "STREAMTTS_DATA_DIR": tempfile.mkdtemp(prefix="streamtts-test-"),
-                # Admission by measured capacity depends on the machine's speed: tests of it
-                # switch it on themselves.
+                # Admission by measured capacity depends on the machine's speed, and pacing makes
+                # every utterance take its real-time length: the tests of each switch it on
+                # themselves (serve_app(paced=True), or their own STREAMTTS_MAX_SEND_AHEAD_MS).
                 "STREAMTTS_ADMIT_BY_CAPACITY": "false",
+                "STREAMTTS_MAX_SEND_AHEAD_MS": str(UNPACED_MS),
                 **os.environ,
                 **(env or {}),
             },

@@ -278,3 +278,42 @@ async def test_admission_by_capacity_refuses_at_once_while_the_admitted_streams_
         assert metrics['streamtts_errors_total{code="overloaded"}'] >= 1
         await speaker.close()
         await other.close()
+
+
+async def barge_in(app_ws_url: str, text: str) -> tuple[int, float, dict[str, object]]:
+    """Cancel on the first audio frame: (audio bytes received in all, seconds to ``done``,
+    the ``done``)."""
+    client = await StreamClient.open(app_ws_url)
+    await client.send(type="start", context="c")
+    await client.send(type="text", context="c", text=text)
+    await client.send(type="end", context="c")
+    while client.contexts["c"].first_audio_s is None:
+        await client.receive_one()
+    cancelled_s = time.perf_counter()
+    await client.send(type="cancel", context="c")
+    result = await client.until_done("c")
+    took_s = time.perf_counter() - cancelled_s
+    await client.close()
+    assert result.done is not None
+    return len(result.audio), took_s, result.done
+
+
+async def test_pacing_bounds_what_a_barge_in_leaves_in_flight() -> None:
+    """An engine that hands over 6 s of audio at once (as Piper hands over a clause): paced at
+    500 ms, a cancel on the first frame leaves at most the bound (plus a frame) in flight;
+    unpaced, all of it was on its way."""
+    text = LONG_TEXT * 2  # about 6 s at 10 ms per character
+    settings = Settings().replace(max_send_ahead_ms=500)
+
+    def engine() -> FakeEngine:
+        return FakeEngine(chunk_samples=len(text) * 160)  # one chunk
+
+    async with serve_app(engine(), settings, paced=True) as app:
+        paced_bytes, paced_s, done = await barge_in(app.ws_url, text)
+    bytes_per_ms = 48  # 24 kHz s16le, the default format
+    assert done["reason"] == "cancel"
+    assert paced_bytes <= (500 + 200 + 50) * bytes_per_ms, paced_bytes  # bound + one frame
+    assert paced_s < 1.0
+    async with serve_app(engine(), settings) as app:
+        unpaced_bytes, _, _ = await barge_in(app.ws_url, text)
+    assert unpaced_bytes > 3000 * bytes_per_ms, unpaced_bytes
