@@ -10,16 +10,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import fish_audio_sdk
 import httpx
 import msgpack
 import numpy as np
 import pytest
+from fishaudio import FishAudio, ReferenceAudio
+from fishaudio.exceptions import APIError
 
 from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.fish.engine import FishEngine
 from streamtts.options import PIPER
-from tests.app_server import RunningApp, serve_app
+from tests.app_server import RunningApp, serve_app, serve_app_in_thread
 from tests.audio_files import bundled_voice_speech, encode, tone
 from tests.fake_engine import FakeEngine
 from tests.fish_fixture import fixture_dir, require_dir
@@ -277,3 +280,30 @@ async def test_a_fish_api_inline_reference_speaks_as_the_stored_voice_of_it(
         assert two.status_code == 400 and "one is supported" in two.json()["message"]
         not_audio = await tts(references=[{"audio": b"not audio at all", "text": "Hi."}])
         assert not_audio.status_code == 415, not_audio.text
+
+
+def test_both_fish_sdks_speak_with_a_stored_voice_and_an_inline_one(
+    tmp_path: Path, reference_wav: bytes
+) -> None:
+    """``fishaudio`` and the legacy ``fish_audio_sdk``, unmodified: a stored voice as
+    ``reference_id`` over HTTP and the live socket, and an inline reference."""
+    engine, settings = fish(tmp_path / "voices")
+    with serve_app_in_thread(engine, settings) as app:
+        files = {"audio": ("me.wav", reference_wav, "audio/wav")}
+        data = {"text": TRANSCRIPT, "id": "mine"}
+        assert httpx.post(app.url + "/v1/voices", data=data, files=files).status_code == 201
+        client = FishAudio(api_key="unused", base_url=app.url)
+        try:
+            assert len(client.tts.convert(text="Hello.", reference_id="mine", format="pcm")) > 0
+            inline = [ReferenceAudio(audio=reference_wav, text=TRANSCRIPT)]
+            assert len(client.tts.convert(text="Hello.", references=inline, format="pcm")) > 0
+            live = client.tts.stream_websocket(iter(["Hello ", "there."]), reference_id="mine")
+            assert len(b"".join(live)) > 0
+            with pytest.raises(APIError) as unknown:
+                client.tts.convert(text="Hello.", reference_id="nobody")
+            assert unknown.value.status == 400
+        finally:
+            client.close()
+        session = fish_audio_sdk.Session("unused", base_url=app.url)
+        request = fish_audio_sdk.TTSRequest(text="Hello.", reference_id="mine", format="pcm")
+        assert len(b"".join(session.tts(request))) > 0
