@@ -15,14 +15,13 @@ from streamtts.audio import decode_samples
 from streamtts.config import Settings
 from streamtts.server.metrics import parse_exposition
 from tests.app_server import RunningApp, serve_app
+from tests.cartesia_messages import F32_44K, pipecat, sdk_push
 from tests.fake_engine import FAIL, FakeEngine, FakeStream
 from tests.json_socket import JsonSocket, audio_of
 from tests.wire import WireRecorder
 
 RATE_HZ = 16_000
 SAMPLES_PER_CHAR = 40
-F32_44K = {"container": "raw", "encoding": "pcm_f32le", "sample_rate": 44100}
-S16_24K = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
 SDK_HEADERS = {"Cartesia-Version": "2026-08-14", "X-Cartesia-Client": "cartesia-python/4.2.0"}
 PIPECAT_HEADERS = {"Cartesia-Version": "2026-03-01"}
 
@@ -44,33 +43,6 @@ def url(app: RunningApp) -> str:
     return app.ws_url + "/tts/websocket"
 
 
-def sdk(context: str, transcript: str, more: bool = True, **extra: Any) -> dict[str, Any]:
-    return {
-        "context_id": context,
-        "model_id": "sonic-latest",
-        "transcript": transcript,
-        "voice": "default",
-        "output_format": F32_44K,
-        "continue": more,
-        **extra,
-    }
-
-
-def pipecat(context: str, transcript: str, more: bool = True) -> dict[str, Any]:
-    return {
-        "transcript": transcript,
-        "continue": more,
-        "context_id": context,
-        "model_id": "sonic-3.6",
-        "voice": {"mode": "id", "id": "default"},
-        "output_format": S16_24K,
-        "add_timestamps": True,
-        "use_normalized_timestamps": False,
-        "max_buffer_delay_ms": 0,
-        "language": "en",
-    }
-
-
 def of(context: str) -> Any:
     return lambda m: m.get("context_id") == context and m["type"] in ("done", "error")
 
@@ -80,9 +52,9 @@ async def test_sdk_pieces_a_flush_and_the_end_in_f32_at_44100() -> None:
     async with serve_app(fake) as app:
         ws = await JsonSocket.open(url(app), SDK_HEADERS)
         for piece in ("Hello there, this ", "is a streaming ", "test. "):
-            await ws.send(**sdk("c1", piece))
-        await ws.send(**sdk("c1", "Now a flush.", flush=True))
-        await ws.send(**sdk("c1", "", more=False))
+            await ws.send(**sdk_push("c1", piece))
+        await ws.send(**sdk_push("c1", "Now a flush.", flush=True))
+        await ws.send(**sdk_push("c1", "", more=False))
         messages = await ws.until(of("c1"))
     assert all(m["context_id"] == "c1" and "type" in m for m in messages)
     kinds = [m["type"] for m in messages]
@@ -142,30 +114,30 @@ async def test_errors_carry_the_context_and_end_it_and_other_contexts_go_on() ->
     fake = engine(chunk_delay_s=0.01)
     async with serve_app(fake) as app:
         ws = await JsonSocket.open(url(app), SDK_HEADERS)
-        await ws.send(**sdk("good", "The good context keeps speaking."))
+        await ws.send(**sdk_push("good", "The good context keeps speaking."))
         await ws.ws.send("{not json")
         [error] = await ws.until(lambda m: m["type"] == "error")
         assert error["context_id"] is None and error["error_code"] == "invalid_json"
         assert error["status_code"] == 400 and error["title"] == "Bad Request"
-        await ws.send(**{**sdk("bad", "x"), "output_format": {**F32_44K, "sample_rate": 1}})
+        await ws.send(**{**sdk_push("bad", "x"), "output_format": {**F32_44K, "sample_rate": 1}})
         [error] = await ws.until(lambda m: m["type"] == "error")
         assert error["context_id"] == "bad" and error["error_code"] == "unsupported_format"
-        await ws.send(**{**sdk("who", "x"), "voice": {"mode": "id", "id": "nobody"}})
+        await ws.send(**{**sdk_push("who", "x"), "voice": {"mode": "id", "id": "nobody"}})
         [error] = await ws.until(lambda m: m["type"] == "error")
         assert error["context_id"] == "who" and error["error_code"] == "unknown_voice"
-        await ws.send(**sdk("ended", "Short.", more=False))
-        await ws.send(**sdk("ended", "text after the end"))
+        await ws.send(**sdk_push("ended", "Short.", more=False))
+        await ws.send(**sdk_push("ended", "text after the end"))
         ended = await ws.until(of("ended"))
         assert ended[-1]["type"] == "error" and ended[-1]["error_code"] == "context_ended"
-        await ws.send(**sdk("broken", f"This {FAIL} fails."))
-        await ws.send(**sdk("broken", "", more=False))
+        await ws.send(**sdk_push("broken", f"This {FAIL} fails."))
+        await ws.send(**sdk_push("broken", "", more=False))
         broken = await ws.until(of("broken"))
         assert broken[-1]["type"] == "error" and broken[-1]["status_code"] == 500
-        await ws.send(**sdk("good", "", more=False))
+        await ws.send(**sdk_push("good", "", more=False))
         good = await ws.until(of("good"))
         assert good[-1]["type"] == "done" and audio_of(good, "data")
         await asyncio.sleep(0.2)
-        await ws.send(**sdk("probe", "", more=False))
+        await ws.send(**sdk_push("probe", "", more=False))
         await ws.until(of("probe"))
     # Nothing followed an error for its context (its done: true).
     for context in ("ended", "broken"):
@@ -177,8 +149,8 @@ async def test_admission_refuses_a_context_with_429_and_a_socket_at_the_handshak
     settings = Settings().replace(max_active_contexts=1)
     async with serve_app(engine(chunk_delay_s=0.05), settings) as app:
         ws = await JsonSocket.open(url(app), SDK_HEADERS)
-        await ws.send(**sdk("a", "Hold the only slot."))
-        await ws.send(**sdk("b", "No room."))
+        await ws.send(**sdk_push("a", "Hold the only slot."))
+        await ws.send(**sdk_push("b", "No room."))
         [error] = await ws.until(lambda m: m["type"] == "error")
         assert error["context_id"] == "b" and error["status_code"] == 429
         assert error["error_code"] == "overloaded"
@@ -193,7 +165,7 @@ async def test_admission_refuses_a_context_with_429_and_a_socket_at_the_handshak
 async def test_shutdown_ends_contexts_with_an_error_then_closes_with_1001() -> None:
     async with serve_app(engine(chunk_delay_s=0.05)) as app:
         ws = await JsonSocket.open(url(app), SDK_HEADERS)
-        await ws.send(**sdk("busy", "A long answer. " * 10))
+        await ws.send(**sdk_push("busy", "A long answer. " * 10))
         await ws.until(lambda m: m["type"] == "chunk")
         app.state.lifecycle.begin_drain(0.0)
         messages = await ws.until_closed()

@@ -22,38 +22,7 @@ from streamtts.protocol import (
 )
 from streamtts.server.dialects.base import Close, RefusalCause, Reject, Reply
 from streamtts.server.dialects.cartesia import CartesiaDialect
-
-F32_44K = {"container": "raw", "encoding": "pcm_f32le", "sample_rate": 44100}
-S16_24K = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
-
-
-def sdk_push(context: str, transcript: str, more: bool = True, **extra: Any) -> dict[str, Any]:
-    """What ``WebSocketContext.push``/``no_more_inputs`` send (cartesia 4.2.0)."""
-    return {
-        "context_id": context,
-        "model_id": "sonic-latest",
-        "transcript": transcript,
-        "voice": "default",
-        "output_format": F32_44K,
-        "continue": more,
-        **extra,
-    }
-
-
-def pipecat(context: str, transcript: str, more: bool = True) -> dict[str, Any]:
-    """What Pipecat's ``CartesiaTTSService`` sends (pipecat-ai 1.14.0)."""
-    return {
-        "transcript": transcript,
-        "continue": more,
-        "context_id": context,
-        "model_id": "sonic-3.6",
-        "voice": {"mode": "id", "id": "default"},
-        "output_format": S16_24K,
-        "add_timestamps": True,
-        "use_normalized_timestamps": False,
-        "max_buffer_delay_ms": 0,
-        "language": "en",
-    }
+from tests.cartesia_messages import F32_44K, pipecat, sdk_push
 
 
 def send(d: CartesiaDialect, message: dict[str, Any]) -> list[Any]:
