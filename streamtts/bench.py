@@ -6,7 +6,10 @@ frames per second at batch 1, time to first audio, and how far generator and voc
 The stages run on the engine's model thread through :meth:`FishEngine.profile`; end to end
 uses the engine's public API. The roofline: the bytes of weights a
 decode step must read (slow layers and head once, fast layers once per codebook position)
-divided by this machine's measured memory bandwidth, against the measured step time.
+divided by this machine's measured memory bandwidth, against the measured step time — for the
+whole step, the slow step and the codebook pass each (``*_roofline_fraction``). First audio is
+also given in decode steps of one stream (``ttfa_steps``), and with ``--first-chunk-frames``
+for other first chunks in the same run; ``--profile`` adds the codebook pass op by op.
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ from streamtts.models.fish.llm.generate import (
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
 from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
 from streamtts.models.fish.packed import PackedLinear
+from streamtts.opprofile import op_profile
 
 SENTENCE_60_CHARS = "The weather is lovely today, so let us walk down to the sea."
 BANDWIDTH_BYTES = 1 << 30
+BANDWIDTH_PASSES = 9
 KV_POSITION = 256  # decode steps are timed with this many cached positions
 LONG_KV_POSITION = 2048  # ... and the slow step once more, as deep into a conversation
 
@@ -51,6 +56,9 @@ class BenchOptions:
     repeats: int = 5
     batches: tuple[int, ...] = (1, 4, 16)
     compile: bool = False
+    op_profile: bool = False  # also profile the codebook pass op by op (streamtts.opprofile)
+    # TTFA also with these first chunks (frames), in the same run as the default's
+    first_chunk_frames: tuple[int, ...] = ()
 
 
 def progress(message: str) -> None:
@@ -75,9 +83,9 @@ def _sync(device: torch.device) -> None:
 
 
 def memory_bandwidth_gb_s(device: torch.device) -> float:
-    """Read bandwidth: summing a 1 GiB tensor (median of 5)."""
+    """Read bandwidth: summing a 1 GiB tensor, far beyond any cache (median of 9 passes)."""
     x = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32, device=device)
-    ms = median_ms(lambda: x.sum(), 5, device)
+    ms = median_ms(lambda: x.sum(), BANDWIDTH_PASSES, device)
     return BANDWIDTH_BYTES / (ms / 1000) / 1e9
 
 
@@ -145,6 +153,10 @@ class StageBench:
 
     def fast_ms(self, batch: int) -> float:
         """Sampling and the codebook transformer for one frame per row (as a decode step runs)."""
+        return median_ms(self.codebook_pass(batch), self.options.repeats, self.device)
+
+    def codebook_pass(self, batch: int) -> Callable[[], torch.Tensor]:
+        """One frame's codebook pass for ``batch`` rows, as a decode step runs it."""
         hidden = torch.randn(batch, self.model.config.dim, device=self.device)
         hidden = hidden.to(self.model.dtype)
         logits = torch.randn(batch, self.model.config.vocab_size, device=self.device)
@@ -158,7 +170,7 @@ class StageBench:
                 self.model, self.cache, logits, hidden, sampling, windows, noise, self.fast
             )
 
-        return median_ms(frame, self.options.repeats, self.device)
+        return frame
 
     def step_ms(self, batch: int) -> float:
         frames, slots, positions = self._batch(batch)
@@ -195,6 +207,19 @@ def vocoder_rtf(decoder: IncrementalDecoder, chunk_frames: int = 8, chunks: int 
     return (time.perf_counter() - started_s) / audio_s
 
 
+async def first_audio_ms(engine: FishEngine, options: SynthesisOptions, repeats: int) -> float:
+    """Median time to the first audio of the 60-character sentence, one stream at a time."""
+    ttfa = []
+    for _ in range(repeats):
+        stream = engine.open_stream("default", options)
+        started_s = time.perf_counter()
+        async for _pcm in stream.synthesize(SENTENCE_60_CHARS):
+            ttfa.append(1000.0 * (time.perf_counter() - started_s))
+            break
+        stream.close()
+    return statistics.median(ttfa)
+
+
 async def end_to_end(engine: FishEngine, repeats: int) -> dict[str, float]:
     """Frames/s for one stream speaking a paragraph, and TTFA of a 60-character sentence."""
     stream = engine.open_stream("default", SynthesisOptions())
@@ -205,27 +230,20 @@ async def end_to_end(engine: FishEngine, repeats: int) -> dict[str, float]:
         samples += pcm.size
     wall_s = time.perf_counter() - started_s
     stream.close()
-    ttfa = []
-    for _ in range(repeats):
-        stream = engine.open_stream("default", SynthesisOptions())
-        started_s = time.perf_counter()
-        async for _pcm in stream.synthesize(SENTENCE_60_CHARS):
-            ttfa.append(1000.0 * (time.perf_counter() - started_s))
-            break
-        stream.close()
     frames = samples / engine.sample_rate / engine.describe()["frame_s"]
-    return {"frames_per_s": frames / wall_s, "ttfa_ms_p50": statistics.median(ttfa)}
+    ttfa_ms = await first_audio_ms(engine, SynthesisOptions(), repeats)
+    return {"frames_per_s": frames / wall_s, "ttfa_ms_p50": ttfa_ms}
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_stages(passes: ModelPasses, options: BenchOptions) -> dict[str, float]:
+def measure_stages(passes: ModelPasses, options: BenchOptions) -> dict[str, Any]:
     """Every stage, on the model's thread (see :meth:`FishEngine.profile`)."""
     device = passes.model.device
     stages = StageBench(passes, options)
-    result: dict[str, float] = {}
+    result: dict[str, Any] = {}
     with torch.inference_mode():
         for tokens in (64, 256):
             progress(f"  prefill {tokens} tokens ...")
@@ -243,6 +261,9 @@ def measure_stages(passes: ModelPasses, options: BenchOptions) -> dict[str, floa
         result["vocoder_rtf"] = round(vocoder_rtf(passes.decoder), 3)
         progress("  memory bandwidth ...")
         result["memory_bandwidth_gb_s"] = memory_bandwidth_gb_s(device)
+        if options.op_profile:
+            progress("  codebook pass, op by op ...")
+            result["codebook_pass_profile"] = op_profile(stages.codebook_pass(1))
     return result
 
 
@@ -267,12 +288,23 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
     }
     stage_figures = await engine.profile(lambda passes: measure_stages(passes, options))
     weights = await engine.profile(lambda passes: weight_bytes_per_step(passes.model))
-    bandwidth = stage_figures.pop("memory_bandwidth_gb_s")
+    bandwidth = float(stage_figures.pop("memory_bandwidth_gb_s"))
     result.update(stage_figures)
     progress("  end to end ...")
     e2e = await end_to_end(engine, options.repeats)
+    for frames in options.first_chunk_frames:
+        progress(f"  first audio with a first chunk of {frames} frames ...")
+        ttfa_ms = await first_audio_ms(
+            engine, SynthesisOptions(first_chunk_frames=frames), options.repeats
+        )
+        result[f"ttfa_ms_p50_first_chunk_{frames}"] = round(ttfa_ms, 1)
+        result[f"ttfa_steps_first_chunk_{frames}"] = round(ttfa_ms / result["step_ms_b1"], 2)
     await engine.stop()
-    roofline_ms = weights["total"] / (bandwidth * 1e9) * 1000
+
+    def roofline(weight_bytes: int) -> float:  # ms to read the weights once at ``bandwidth``
+        return weight_bytes / (bandwidth * 1e9) * 1000
+
+    roofline_ms = roofline(weights["total"])
     # Generator and vocoder per frame alone (the batch-1 step; the vocoder in 8-frame chunks)
     # against both through the engine: on a GPU they overlap on their own CUDA streams (the
     # ratio nears 2 when they cost the same), on the CPU the vocoder runs inline (about 1).
@@ -286,10 +318,20 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             "frames_per_s": round(e2e["frames_per_s"], 1),
             "realtime_factor_b1": round(1 / (info["frame_s"] * e2e["frames_per_s"]), 3),
             "ttfa_ms_p50": round(e2e["ttfa_ms_p50"], 1),
+            # First audio in decode steps of one stream: prefill, first chunk, its vocoding.
+            "ttfa_steps": round(e2e["ttfa_ms_p50"] / result["step_ms_b1"], 2),
             "memory_bandwidth_gb_s": round(bandwidth, 1),
             "weight_bytes_per_step": weights["total"],
+            "codebook_pass_weight_bytes": weights["fast"],
             "roofline_step_ms": round(roofline_ms, 1),
             "roofline_fraction": round(roofline_ms / result["step_ms_b1"], 3),
+            "roofline_codebook_pass_ms": round(roofline(weights["fast"]), 1),
+            "codebook_pass_roofline_fraction": round(
+                roofline(weights["fast"]) / result["fast_ms_b1"], 3
+            ),
+            "slow_step_roofline_fraction": round(
+                roofline(weights["slow"]) / result["slow_step_ms_b1"], 3
+            ),
             "peak_rss_mb": round(peak_rss_mb(), 1),
         }
     )

@@ -71,6 +71,27 @@ def _parser() -> argparse.ArgumentParser:
         help="torch.compile the decode step as the server does with STREAMTTS_COMPILE",
     )
     bench.add_argument(
+        "--batches",
+        type=int,
+        nargs="+",
+        default=[1, 4, 16],
+        metavar="B",
+        help="batch sizes of the step stages (default: 1 4 16; 1 is always measured)",
+    )
+    bench.add_argument(
+        "--first-chunk-frames",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="N",
+        help="also time first audio with these first chunks (frames), in the same run",
+    )
+    bench.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile the codebook pass op by op (torch.profiler): where its time goes",
+    )
+    bench.add_argument(
         "--fidelity",
         action="store_true",
         help="instead of speed: how far bf16 and int8 move the model's logits and greedy "
@@ -175,13 +196,27 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0
     options = BenchOptions(args.model, args.device, args.dtype, args.repeats)
-    result = run(dataclasses.replace(options, compile=args.compile))
+    options = dataclasses.replace(
+        options,
+        compile=args.compile,
+        op_profile=args.profile,
+        first_chunk_frames=tuple(args.first_chunk_frames),
+        batches=tuple(sorted({1, *args.batches})),
+    )
+    result = run(options)
     if args.json:
         print(json.dumps(result, indent=2))
-    else:
-        width = max(len(k) for k in result)
-        for key, value in result.items():
-            print(f"{key:<{width}}  {value}")
+        return 0
+    ops = result.pop("codebook_pass_profile", None)
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+    if ops is not None:
+        print(f"\ncodebook pass under the profiler: {ops['wall_ms_profiled']} ms a pass, ops "
+              f"{ops['ops_self_ms']} ms, outside ops {ops['outside_ops_ms']} ms")  # fmt: skip
+        print(f"{'op':<40} {'calls':>6} {'self_ms':>8} {'share':>6}")
+        for op in ops["ops"]:
+            print(f"{op['op']:<40} {op['calls']:>6} {op['self_ms']:>8} {op['share']:>6}")
     return 0
 
 

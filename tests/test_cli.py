@@ -77,8 +77,9 @@ def test_bad_arguments_fail_clearly(args: list[str], message: str) -> None:
 
 def test_bench_reports_every_stage_as_json() -> None:
     result = run_cli(
-        "bench", "--model", "synthetic:tiny", "--dtype", "fp32", "--repeats", "2", "--json"
-    )
+        "bench", "--model", "synthetic:tiny", "--dtype", "fp32", "--repeats", "2", "--json",
+        "--profile",
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     import json
 
@@ -88,11 +89,21 @@ def test_bench_reports_every_stage_as_json() -> None:
         "roofline_fraction", "peak_rss_mb", "prefill_64_ms", "prefill_256_ms",
         "slow_step_ms_b1", "fast_ms_b16", "memory_bandwidth_gb_s",
         "slow_step_ms_b1_long_context", "vocoder_ms_per_frame", "engine_ms_per_frame", "overlap",
+        "ttfa_steps", "codebook_pass_roofline_fraction", "slow_step_roofline_fraction",
     ):  # fmt: skip
         assert key in figures, key
     assert figures["model"] == "synthetic:tiny" and figures["dtype"] == "float32"
     assert figures["frames_per_s"] > 0 and figures["roofline_fraction"] > 0
+    assert figures["codebook_pass_roofline_fraction"] > 0
+    assert figures["slow_step_roofline_fraction"] > 0
+    assert figures["ttfa_steps"] == round(figures["ttfa_ms_p50"] / figures["step_ms_b1"], 2)
     assert figures["overlap"] > 0
+    profile = figures["codebook_pass_profile"]  # --profile: the codebook pass op by op
+    names = [op["op"] for op in profile["ops"]]
+    assert any(name in ("aten::linear", "aten::addmm", "aten::mm") for name in names), names
+    assert all(op["self_ms"] > 0 and op["calls"] > 0 for op in profile["ops"])
+    assert sum(op["self_ms"] for op in profile["ops"]) <= profile["ops_self_ms"] + 0.01
+    assert "codebook pass, op by op" in result.stderr
     assert "prefill 64 tokens" in result.stderr  # progress while it runs
 
 
