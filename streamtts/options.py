@@ -146,7 +146,8 @@ OPTIONS: tuple[Option, ...] = (
         256,
         None,
         _FISH,
-        "frames per later audio chunk (default: the server's setting)",
+        "the most frames per later audio chunk; they ramp up to it from the first chunk's "
+        "size (default: the server's setting)",
     ),
     Option(
         "max_frames_per_segment",

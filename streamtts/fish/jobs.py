@@ -26,14 +26,25 @@ from streamtts.scheduling import PlaybackClock
 
 @dataclass(frozen=True)
 class ChunkSchedule:
-    """First audio after ``first_frames`` frames, then chunks of ``later_frames``."""
+    """First audio after ``first_frames`` frames; later chunks ramp up to ``later_frames``.
+
+    A later chunk is at most as long as the audio already handed over (2, 2, 4, 8, 8, ... for
+    2 and 8), so while generation runs faster than real time the listener never waits for a
+    chunk: a short first chunk for first audio costs no underrun where one long second chunk
+    would.
+    """
 
     first_frames: int
     later_frames: int
 
+    def frames_due(self, emitted_frames: int) -> int:
+        """Frames the next chunk needs after ``emitted_frames`` were handed over."""
+        if emitted_frames == 0:
+            return self.first_frames
+        return min(self.later_frames, max(self.first_frames, emitted_frames))
+
     def due(self, emitted_frames: int, pending_frames: int) -> bool:
-        need = self.first_frames if emitted_frames == 0 else self.later_frames
-        return pending_frames >= need
+        return pending_frames >= self.frames_due(emitted_frames)
 
 
 @dataclass

@@ -23,13 +23,16 @@ _CLAUSE_END = re.compile(r"[,;:\u2013\u2014\u3001\uff0c\uff1b\uff1a](?=\s)|[.!?\
 
 def job_pieces(text: str, max_chars: int) -> list[str]:
     """``text`` cut into pieces: at the last clause or sentence boundary within the limit, else
-    the last space, else at the limit. The first piece is at most half of ``max_chars``, the
-    others at most ``max_chars``: a segment's first audio is what its listener waits for (the
-    listener of a new stream, or one about to hear the end of the previous segment), and Piper
-    makes none of a piece's audio before all of it."""
+    the last space, else at the limit. The first piece is at most half of ``max_chars``; each
+    later one at most as long as the pieces before it together, up to ``max_chars`` (50, 50,
+    100, 100, … for 100). A segment's first audio is what its listener waits for (the listener
+    of a new stream, or one about to hear the end of the previous segment), Piper makes none of
+    a piece's audio before all of it, and while the first piece plays the next must be made —
+    for every stream that started at the same moment: so the next is no longer than it."""
     pieces: list[str] = []
     rest = text.strip()
-    limit = max(1, max_chars // 2)
+    first_limit = max(1, max_chars // 2)
+    limit, made = first_limit, 0
     while len(rest) > limit:
         window = rest[: limit + 1]
         cuts = [m.end() for m in _CLAUSE_END.finditer(window) if m.end() <= limit]
@@ -37,8 +40,9 @@ def job_pieces(text: str, max_chars: int) -> list[str]:
         if cut <= 0:
             cut = limit
         pieces.append(rest[:cut].strip())
+        made += len(pieces[-1])
         rest = rest[cut:].strip()
-        limit = max_chars
+        limit = min(max_chars, max(first_limit, made))
     if rest:
         pieces.append(rest)
     return [p for p in pieces if p]

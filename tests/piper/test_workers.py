@@ -59,8 +59,11 @@ def test_long_segments_are_cut_at_clauses_short_ones_kept() -> None:
     )
     pieces = job_pieces(text, 60)
     assert len(pieces[0]) <= 30 and all(len(p) <= 60 for p in pieces) and len(pieces) >= 3
+    for i, piece in enumerate(pieces[1:], start=1):  # each at most the pieces before it
+        assert len(piece) <= max(30, sum(map(len, pieces[:i])))
     assert " ".join(pieces) == text
     assert all(p.endswith((",", ".")) for p in pieces[:-1])
     assert job_pieces("Short.", 60) == ["Short."]
-    assert job_pieces("x" * 130, 60) == ["x" * 30, "x" * 60, "x" * 40]  # no space at all
+    # no space at all: 30, then 30 (what came before), then 60
+    assert job_pieces("x" * 170, 60) == ["x" * 30, "x" * 30, "x" * 60, "x" * 50]
     assert job_pieces("   ", 60) == []
