@@ -1,4 +1,7 @@
-"""``streamtts bench --fidelity``: how far bf16 and int8 weights move the model from fp32.
+"""``streamtts bench --fidelity``: how far bf16, int8 and ``auto`` move the model from fp32.
+
+``auto`` is what the engine runs by default here: bf16 where the hardware has it, else fp32
+with oneDNN-packed weights (fp32 roundings from the reference, which keeps upstream's kernels).
 
 The reference is the fp32 model. A teacher sequence — a prompt and the frames the fp32 model
 generates greedily from it — is run through each precision exactly as the engine runs it
@@ -23,7 +26,7 @@ from typing import Any
 
 import torch
 
-from streamtts.fish.devices import choose_device
+from streamtts.fish.devices import choose_device, choose_dtype
 from streamtts.fish.load import load_fish_bundle, prepare_llm
 from streamtts.fish.settings import FishSettings
 from streamtts.fish.spec import FishSpec
@@ -31,10 +34,12 @@ from streamtts.models.fish.llm.generate import generate
 from streamtts.models.fish.llm.llama import DualARTransformer
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.sampling import SamplingParams, top_p_filter_by_sorting
+from streamtts.models.fish.packed import is_packed
 
 TEXT = "The weather is lovely today, so let us walk down to the sea and watch the boats."
 GREEDY = SamplingParams(top_p=1e-4, repetition_penalty=1.0)
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}
+COMPARED = ("bf16", "int8", "auto")  # auto: what the engine runs by default on this machine
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,8 @@ def progress(message: str) -> None:
 
 
 def load(spec: FishSpec, precision: str, device: torch.device) -> tuple[DualARTransformer, Any]:
-    bundle = load_fish_bundle(spec, device, PRECISIONS[precision])
+    dtype = PRECISIONS.get(precision) or choose_dtype(precision, device)
+    bundle = load_fish_bundle(spec, device, dtype)
     model = bundle.llm.model
     prepare_llm(model, FishSettings(dtype=precision))
     return model, bundle.llm.tokenizer
@@ -134,13 +140,15 @@ def run_fidelity(options: FidelityOptions) -> dict[str, Any]:
         "frames": int(teacher.shape[1]),
         "top_p": options.top_p,
     }
-    for precision in ("bf16", "int8"):
+    for precision in COMPARED:
         progress(f"  {precision} ...")
         model, _ = load(spec, precision, device)
         slow, fast = teacher_forced(model, prompt, teacher)
         with torch.inference_mode():
             own = generate(model, prompt, im_end, options.steps + 1, GREEDY).frames.cpu()
         result[precision] = {
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "packed": is_packed(model),
             "slow": compare(ref_slow, slow, options.top_p),
             "codebooks": compare(ref_fast, fast, options.top_p),
             "greedy_agreement": greedy_agreement(own[:, : options.steps], teacher),

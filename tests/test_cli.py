@@ -126,7 +126,8 @@ def test_bench_counts_packed_bf16_weights() -> None:
 
 def test_bench_fidelity_compares_bf16_and_int8_with_fp32() -> None:
     """On the upstream-format fixture checkpoint: both precisions stay close to fp32 by every
-    figure, and int8 is further from it than bf16 (it is the coarser of the two)."""
+    figure, and int8 is further from it than bf16 (it is the coarser of the two); ``auto``,
+    where it is packed fp32, is closer still."""
     import json
 
     from tests.fish_fixture import fixture_dir
@@ -143,3 +144,9 @@ def test_bench_fidelity_compares_bf16_and_int8_with_fp32() -> None:
         agreement = report[precision]["greedy_agreement"]
         assert 0 <= agreement["prefix"] <= agreement["all"] <= 1
     assert report["int8"]["slow"]["rel_rms"] > report["bf16"]["slow"]["rel_rms"]
+    auto = report["auto"]  # the engine's default here: bf16, or fp32 with packed weights
+    assert auto["dtype"] in ("bfloat16", "float32") and report["bf16"]["dtype"] == "bfloat16"
+    if auto["dtype"] == "float32":  # fp32 roundings only: far closer than bf16
+        assert auto["packed"]
+        for head in ("slow", "codebooks"):
+            assert auto[head]["rel_rms"] < report["bf16"][head]["rel_rms"] / 10

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from streamtts.fish.settings import INT8, FishSettings
+from streamtts.fish.settings import AUTO, INT8, FishSettings
 from streamtts.fish.spec import FishSpec
 from streamtts.models.fish.codec.config import VocoderConfig
 from streamtts.models.fish.codec.decoder import FireflyDecoder
@@ -23,7 +23,7 @@ from streamtts.models.fish.llm.checkpoint import FishLLM, load_fish_llm
 from streamtts.models.fish.llm.llama import DualARTransformer, fuse_gate_up_
 from streamtts.models.fish.llm.quantize import quantize_int8_
 from streamtts.models.fish.llm.synthetic import load_synthetic
-from streamtts.models.fish.packed import can_pack, pack_linears_
+from streamtts.models.fish.packed import can_pack, pack_linears_, packs_fp32
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,16 @@ def file_fingerprint(path: Path, edge_bytes: int = 1 << 22) -> str:
 
 
 def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
-    """Ready the weights for the dtype setting: int8 layers, or oneDNN-packed bf16 layers on a
-    CPU that has the kernels (a compiled codebook pass packs its own, by inductor freezing)."""
+    """Ready the weights for the dtype setting: int8 layers, or oneDNN-packed layers on the
+    CPU — bf16 where it has the kernels, and the fp32 that ``auto`` picks where it has not
+    (explicit ``fp32`` stays on upstream's kernels: the parity mode). A compiled codebook
+    pass packs its own, by inductor freezing."""
+    weight = next(model.parameters())
+    fast_fp32 = settings.dtype == AUTO and packs_fp32(weight.device, weight.dtype)
     if settings.dtype == INT8:
         fuse_gate_up_(model)
         quantize_int8_(model)
-    elif can_pack(model):
+    elif can_pack(model) or fast_fp32:
         compiled_part = (model.fast_layers, model.fast_output) if settings.compile else ()
         fuse_gate_up_(model, compiled_part)
         packed = pack_linears_(model, skip=compiled_part)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from streamtts.bounds import SettingsError, require_bounds
 
 DTYPES = ("auto", "bf16", "fp16", "fp32", "int8")
+AUTO = "auto"  # bf16 where the hardware has it, else fp32 (on the CPU with packed weights)
 INT8 = "int8"  # int8 weight-only linear layers, bf16 activations (CPU)
 
 

@@ -1,4 +1,5 @@
-"""Packed oneDNN linear layers: the same bits as ``F.linear``, fewer bytes moved."""
+"""Packed oneDNN linear layers: the same bits as ``F.linear`` (bf16), fp32 roundings from it
+(fp32, under ``dtype auto`` only), fewer bytes moved."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from streamtts.fish.load import prepare_llm
+from streamtts.fish.settings import FishSettings
 from streamtts.models.fish.llm.generate import RepetitionWindows, decode_step
-from streamtts.models.fish.llm.llama import FeedForward, fuse_gate_up_
+from streamtts.models.fish.llm.llama import DualARTransformer, FeedForward, fuse_gate_up_
 from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
 from streamtts.models.fish.llm.synthetic import load_synthetic
 from streamtts.models.fish.packed import PackedLinear, can_pack, is_packed, pack_linears_
@@ -57,28 +60,50 @@ def test_packed_model_decodes_bit_identically() -> None:
     assert pack_linears_(packed) == linears - ffns  # w1 + w3 became one layer each
     assert is_packed(packed) and not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
     prompt = torch.randint(0, 500, (9, 40))
-    outputs = []
-    for model in (plain, packed):
-        cache = model.allocate_cache(2, 128)
-        prefill = model.prefill(cache, prompt, 1, 0)
-        frames = torch.zeros(1, 9, dtype=torch.int32)
-        frames[0, 0] = model.semantic_begin_id + 3
-        windows = RepetitionWindows(2, 9)
-        sampling = BatchSampling.from_params([SamplingParams(top_p=1e-4)])
-        step = decode_step(
-            model,
-            cache,
-            frames,
-            torch.tensor([1]),
-            torch.tensor([40]),
-            41,
-            windows,
-            torch.tensor([0]),
-            sampling,
-        )
-        outputs.append((prefill.logits, prefill.hidden, step, cache.k.clone()))
+    outputs = [prefill_and_step(model, prompt) for model in (plain, packed)]
     for a, b in zip(*outputs, strict=True):
         assert torch.equal(a, b)
+
+
+def prefill_and_step(model: DualARTransformer, prompt: torch.Tensor) -> list[torch.Tensor]:
+    """Prefill logits and hidden state, one greedy decode step's frame and the slow keys."""
+    cache = model.allocate_cache(2, 128)
+    prefill = model.prefill(cache, prompt, 1, 0)
+    frames = torch.zeros(1, 9, dtype=torch.int32)
+    frames[0, 0] = model.semantic_begin_id + 3
+    windows = RepetitionWindows(2, 9)
+    sampling = BatchSampling.from_params([SamplingParams(top_p=1e-4)])
+    step = decode_step(
+        model,
+        cache,
+        frames,
+        torch.tensor([1]),
+        torch.tensor([40]),
+        41,
+        windows,
+        torch.tensor([0]),
+        sampling,
+    )
+    return [prefill.logits, prefill.hidden, step, cache.k.clone()]
+
+
+@torch.inference_mode()
+def test_auto_packs_fp32_and_explicit_fp32_stays_on_upstreams_kernels() -> None:
+    """``dtype auto`` on a CPU without native bf16 is fp32 with packed weights: fp32 roundings
+    from the parity mode (explicit ``fp32``, left as loaded), the same greedy frame."""
+    prompt = torch.randint(0, 500, (9, 40))
+    models = {}
+    for setting in ("fp32", "auto"):
+        models[setting] = load_synthetic("tiny", torch.float32, "cpu", seed=5).model
+        prepare_llm(models[setting], FishSettings(dtype=setting))
+    assert not is_packed(models["fp32"]) and is_packed(models["auto"])
+    plain, packed = (prefill_and_step(models[s], prompt) for s in ("fp32", "auto"))
+    logits, hidden, frame, keys = plain
+    packed_logits, packed_hidden, packed_frame, packed_keys = packed
+    assert not torch.equal(logits, packed_logits)  # another kernel really ran
+    for a, b in ((logits, packed_logits), (hidden, packed_hidden), (keys, packed_keys)):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    assert torch.equal(frame, packed_frame)
 
 
 @needs_bf16_onednn
