@@ -512,11 +512,12 @@ async function addVoice() {
       return;
     }
     const voice = await res.json();
-    status.textContent = `Added ${voice.name} (${voice.id}).`;
     log("info", `voice ${voice.id} added`);
     $("voice-form").reset();
     recorded = null;
     await loadVoices(voice.id);
+    // Said once the voice is listed and selected, so "Added" means ready to speak with.
+    status.textContent = `Added ${voice.name} (${voice.id}).`;
   } finally {
     $("voice-add").disabled = false;
   }
