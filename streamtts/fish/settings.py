@@ -6,16 +6,16 @@ from dataclasses import dataclass
 
 from streamtts.bounds import SettingsError, require_bounds
 
-DTYPES = ("auto", "bf16", "fp16", "fp32", "int8")
 AUTO = "auto"  # bf16 where the hardware has it, else fp32 (on the CPU with packed weights)
 INT8 = "int8"  # int8 weight-only linear layers, bf16 activations (CPU)
+DTYPES = (AUTO, "bf16", "fp16", "fp32", INT8)
 
 
 @dataclass(frozen=True)
 class FishSettings:
     # "auto": CUDA if present, else the CPU; bf16 where the hardware has it, else fp32.
     device: str = "auto"
-    dtype: str = "auto"
+    dtype: str = AUTO
     max_streams: int = 8  # KV-cache slots = concurrent Fish streams
     context_tokens: int = 4096  # per-stream KV length; the iterative prompt's budget
     first_chunk_frames: int = 2  # frames before the first audio of a segment (46.4 ms each)

@@ -51,21 +51,22 @@ class PackedLinear(nn.Module):
         return y
 
 
+def _onednn_cpu(device: torch.device) -> bool:
+    return device.type == "cpu" and bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+
+
 def packs(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether weights of ``dtype`` on ``device`` pack: bf16 on a CPU with oneDNN bf16 kernels."""
     return (
-        device.type == "cpu"
+        _onednn_cpu(device)
         and dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
         and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     )
 
 
 def packs_fp32(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether fp32 weights on ``device`` pack: a CPU with oneDNN."""
-    return (
-        device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
-    )
+    return _onednn_cpu(device) and dtype == torch.float32
 
 
 def can_pack(model: nn.Module) -> bool:
