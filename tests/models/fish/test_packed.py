@@ -97,10 +97,14 @@ def test_auto_packs_fp32_and_explicit_fp32_stays_on_upstreams_kernels() -> None:
         models[setting] = load_synthetic("tiny", torch.float32, "cpu", seed=5).model
         prepare_llm(models[setting], FishSettings(dtype=setting))
     assert not is_packed(models["fp32"]) and is_packed(models["auto"])
+    calls: list[str] = []  # the packed layers really ran (their bits may match upstream's)
+    for module in models["auto"].modules():
+        if isinstance(module, PackedLinear):
+            module.register_forward_hook(lambda m, args, out: calls.append(type(m).__name__))
     plain, packed = (prefill_and_step(models[s], prompt) for s in ("fp32", "auto"))
+    assert calls, "no packed layer ran"
     logits, hidden, frame, keys = plain
     packed_logits, packed_hidden, packed_frame, packed_keys = packed
-    assert not torch.equal(logits, packed_logits)  # another kernel really ran
     for a, b in ((logits, packed_logits), (hidden, packed_hidden), (keys, packed_keys)):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
     assert torch.equal(frame, packed_frame)
