@@ -337,6 +337,13 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             "peak_rss_mb": round(peak_rss_mb(), 1),
         }
     )
+    profile = result.get("codebook_pass_profile")
+    if profile is not None and profile["matrix_products_ms"] > 0:
+        # How fast the linear kernels stream the pass's weights, against the bandwidth: the
+        # ceiling they put on the pass's roofline fraction, whatever the ops around them cost.
+        streamed_gb_s = weights["fast"] / profile["matrix_products_ms"] / 1e6
+        profile["matrix_products_gb_s"] = round(streamed_gb_s, 1)
+        profile["matrix_products_bandwidth_fraction"] = round(streamed_gb_s / bandwidth, 3)
     return result
 
 

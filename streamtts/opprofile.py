@@ -5,6 +5,9 @@ one frame at batch 1, as a decode step runs it) is run under :mod:`torch.profile
 self time is per pass; ``outside_ops_ms`` is the pass's wall time under the profiler minus the
 ops' self times: Python, dispatch and the profiler's own cost. The profiler slows small ops,
 so the shares say where time goes, the bench's ``fast_ms_b1`` (no profiler) what it costs.
+``matrix_products_ms`` is the self time of the weight products (every layer's linear, packed or
+not, int8 or not): with the pass's weight bytes it gives the rate those kernels stream weights
+at, set against the memory bandwidth by the bench.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from torch.profiler import ProfilerActivity, profile
 
 PROFILED_PASSES = 20
 TOP_OPS = 15
+# The ops a linear layer runs as, by kind: plain, oneDNN-packed, int8 weight-only.
+MATRIX_PRODUCT_OPS = frozenset(
+    {"aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "aten::_weight_int8pack_mm"}
+)
 
 
 def op_profile(frame: Callable[[], object], passes: int = PROFILED_PASSES) -> dict[str, Any]:
@@ -30,6 +37,7 @@ def op_profile(frame: Callable[[], object], passes: int = PROFILED_PASSES) -> di
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
     self_ms = sum(e.self_cpu_time_total for e in events) / 1000 / passes
+    products_us = sum(e.self_cpu_time_total for e in events if e.key in MATRIX_PRODUCT_OPS)
     ops = [
         {
             "op": e.key,
@@ -43,5 +51,6 @@ def op_profile(frame: Callable[[], object], passes: int = PROFILED_PASSES) -> di
         "wall_ms_profiled": round(wall_ms, 2),
         "ops_self_ms": round(self_ms, 2),
         "outside_ops_ms": round(wall_ms - self_ms, 2),
+        "matrix_products_ms": round(products_us / 1000 / passes, 3),
         "ops": ops,
     }

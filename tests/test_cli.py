@@ -103,6 +103,10 @@ def test_bench_reports_every_stage_as_json() -> None:
     assert any(name in ("aten::linear", "aten::addmm", "aten::mm") for name in names), names
     assert all(op["self_ms"] > 0 and op["calls"] > 0 for op in profile["ops"])
     assert sum(op["self_ms"] for op in profile["ops"]) <= profile["ops_self_ms"] + 0.01
+    assert 0 < profile["matrix_products_ms"] <= profile["ops_self_ms"]
+    bytes_per_ms = figures["codebook_pass_weight_bytes"] / profile["matrix_products_ms"]
+    assert profile["matrix_products_gb_s"] == pytest.approx(bytes_per_ms / 1e6, abs=0.06)
+    assert profile["matrix_products_bandwidth_fraction"] > 0
     assert "codebook pass, op by op" in result.stderr
     assert "prefill 64 tokens" in result.stderr  # progress while it runs
 
