@@ -30,9 +30,10 @@ class SchedulingSettings:
     # Admit new streams by the engine's learned real-time capacity (else by the limits alone).
     admit_by_capacity: bool = True
     # Of the learned capacity, the share kept spare: admission stops at (1 - headroom) of it.
-    # Learned in the steady state; streams that start together need more at first (their
-    # first two pieces within the first's playback): 0.2 left some of them underrunning.
-    capacity_headroom: float = 0.3
+    # Learned mostly in the steady state (the start's figure on an idle machine); streams that
+    # start together need more at first (their first two pieces within the first's playback):
+    # 0.2 and 0.3 left some of them underrunning (docs/operations.md, "Scheduling and capacity").
+    capacity_headroom: float = 0.4
     # Each context's audio goes to its socket at most this far ahead of its playback clock;
     # the rest waits in the server, where a cancel drops it.
     max_send_ahead_ms: float = 1500.0
