@@ -23,7 +23,7 @@ from streamtts.models.fish.llm.checkpoint import FishLLM, load_fish_llm
 from streamtts.models.fish.llm.llama import DualARTransformer, fuse_gate_up_
 from streamtts.models.fish.llm.quantize import quantize_int8_
 from streamtts.models.fish.llm.synthetic import load_synthetic
-from streamtts.models.fish.packed import pack_linears_, packs, packs_fp32
+from streamtts.models.fish.packed import can_pack, pack_linears_
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +78,10 @@ def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
     CPU — bf16 where it has the kernels, and the fp32 that ``auto`` picks where it has not
     (explicit ``fp32`` stays on upstream's kernels: the parity mode). A compiled codebook
     pass packs its own, by inductor freezing."""
-    weight = next(model.parameters())
     if settings.dtype == INT8:
         fuse_gate_up_(model)
         quantize_int8_(model)
-    elif packs(weight.device, weight.dtype) or (
-        settings.dtype == AUTO and packs_fp32(weight.device, weight.dtype)
-    ):
+    elif can_pack(model, fp32=settings.dtype == AUTO):
         compiled_part = (model.fast_layers, model.fast_output) if settings.compile else ()
         fuse_gate_up_(model, compiled_part)
         packed = pack_linears_(model, skip=compiled_part)

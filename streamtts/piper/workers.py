@@ -24,11 +24,13 @@ _CLAUSE_END = re.compile(r"[,;:\u2013\u2014\u3001\uff0c\uff1b\uff1a](?=\s)|[.!?\
 def job_pieces(text: str, max_chars: int) -> list[str]:
     """``text`` cut into pieces: at the last clause or sentence boundary within the limit, else
     the last space, else at the limit. The first piece is at most half of ``max_chars``; each
-    later one at most as long as the pieces before it together, up to ``max_chars`` (50, 50,
-    100, 100, … for 100). A segment's first audio is what its listener waits for (the listener
-    of a new stream, or one about to hear the end of the previous segment), Piper makes none of
-    a piece's audio before all of it, and while the first piece plays the next must be made —
-    for every stream that started at the same moment: so the next is no longer than it."""
+    later one at most as long as the pieces before it together (but never held below the first
+    piece's limit, so a short first clause is not followed by word-sized pieces), up to
+    ``max_chars`` (50, 50, 100, 100, … for 100). A segment's first audio is what its listener
+    waits for (the listener of a new stream, or one about to hear the end of the previous
+    segment), Piper makes none of a piece's audio before all of it, and while the first piece
+    plays the next must be made — for every stream that started at the same moment: so the
+    next is no longer than it."""
     pieces: list[str] = []
     rest = text.strip()
     first_limit = max(1, max_chars // 2)

@@ -69,10 +69,11 @@ def packs_fp32(device: torch.device, dtype: torch.dtype) -> bool:
     return _onednn_cpu(device) and dtype == torch.float32
 
 
-def can_pack(model: nn.Module) -> bool:
-    """Packing applies to a bf16 model on a CPU whose oneDNN has bf16 kernels."""
+def can_pack(model: nn.Module, fp32: bool = False) -> bool:
+    """Packing applies to a bf16 model on a CPU whose oneDNN has bf16 kernels, and with
+    ``fp32`` also to an fp32 model on a CPU with oneDNN (:func:`packs_fp32`)."""
     weight = next(model.parameters())
-    return packs(weight.device, weight.dtype)
+    return packs(weight.device, weight.dtype) or (fp32 and packs_fp32(weight.device, weight.dtype))
 
 
 def pack_linears_(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> int:

@@ -122,4 +122,6 @@ def test_skipped_parts_stay_plain() -> None:
 
 
 def test_only_bf16_cpu_models_pack() -> None:
-    assert not can_pack(load_synthetic("tiny", torch.float32, "cpu", seed=1).model)
+    fp32_model = load_synthetic("tiny", torch.float32, "cpu", seed=1).model
+    assert not can_pack(fp32_model)
+    assert can_pack(fp32_model, fp32=True)  # what ``dtype auto`` asks where bf16 is emulated
