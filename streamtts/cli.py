@@ -12,6 +12,7 @@ from pathlib import Path
 from streamtts.config import Settings, SettingsError
 from streamtts.engine.base import InvalidOptionError, UnknownVoiceError
 from streamtts.engine.factory import ModelSpecError
+from streamtts.fish.settings import DTYPES
 from streamtts.options import OptionError
 
 
@@ -63,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="per-stage speed of a Fish model on this machine")
     bench.add_argument("--model", default="synthetic:1.5", help="default: synthetic:1.5")
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    bench.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32", "int8"])
-    bench.add_argument("--repeats", type=int, default=5)
+    # The speed bench's options default to None: BenchOptions holds their defaults.
+    bench.add_argument("--dtype", choices=DTYPES, help="default: auto")
+    bench.add_argument("--repeats", type=int, help="default: 5")
     bench.add_argument(
         "--compile",
         action="store_true",
@@ -74,7 +76,6 @@ def _parser() -> argparse.ArgumentParser:
         "--batches",
         type=int,
         nargs="+",
-        default=[1, 4, 16],
         metavar="B",
         help="batch sizes of the step stages (default: 1 4 16; 1 is always measured)",
     )
@@ -82,7 +83,6 @@ def _parser() -> argparse.ArgumentParser:
         "--first-chunk-frames",
         type=int,
         nargs="+",
-        default=[],
         metavar="N",
         help="also time first audio with these first chunks (frames), in the same run",
     )
@@ -94,10 +94,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--fidelity",
         action="store_true",
-        help="instead of speed: how far bf16 and int8 move the model's logits and greedy "
-        "frames from fp32 (teacher-forced, the serving paths)",
+        help="instead of speed: how far bf16, int8 and auto move the model's logits and "
+        "greedy frames from fp32 (teacher-forced, the serving paths)",
     )
-    bench.add_argument("--steps", type=int, default=48, help="--fidelity: frames compared")
+    bench.add_argument("--steps", type=int, help="--fidelity: frames compared (default: 48)")
     bench.add_argument("--json", action="store_true", help="print JSON only")
     bench.set_defaults(run=_bench)
     return parser
@@ -188,20 +188,39 @@ def _bench(args: argparse.Namespace) -> int:
 
     from streamtts.bench import BenchOptions, run
 
+    # Each mode's options are refused by the other, never accepted and ignored.
+    speed_only = [
+        f"--{name.replace('_', '-')}"
+        for name in ("dtype", "repeats", "compile", "batches", "first_chunk_frames", "profile")
+        if getattr(args, name) not in (None, False)
+    ]
     if args.fidelity:
         from streamtts.fidelity import FidelityOptions, run_fidelity
 
+        if speed_only:
+            raise SettingsError(
+                f"{', '.join(speed_only)}: not for --fidelity, which runs every precision with "
+                "the engine's own settings"
+            )
         device = "cpu" if args.device == "auto" else args.device
-        result = run_fidelity(FidelityOptions(args.model, device, args.steps))
+        fidelity = FidelityOptions(args.model, device)
+        if args.steps is not None:
+            fidelity = dataclasses.replace(fidelity, steps=args.steps)
+        result = run_fidelity(fidelity)
         print(json.dumps(result, indent=2))
         return 0
-    options = BenchOptions(args.model, args.device, args.dtype, args.repeats)
-    options = dataclasses.replace(
-        options,
+    if args.steps is not None:
+        raise SettingsError("--steps is an option of --fidelity")
+    defaults = BenchOptions()
+    options = BenchOptions(
+        model=args.model,
+        device=args.device,
+        dtype=defaults.dtype if args.dtype is None else args.dtype,
+        repeats=defaults.repeats if args.repeats is None else args.repeats,
+        batches=defaults.batches if args.batches is None else tuple(sorted({1, *args.batches})),
         compile=args.compile,
         op_profile=args.profile,
-        first_chunk_frames=tuple(args.first_chunk_frames),
-        batches=tuple(sorted({1, *args.batches})),
+        first_chunk_frames=tuple(args.first_chunk_frames or ()),
     )
     result = run(options)
     if args.json:

@@ -63,6 +63,9 @@ def test_say_with_the_synthetic_fish_model(tmp_path: Path) -> None:
             "TLS file not found: /nonexistent.pem",
         ),
         (["say", "x", "-o", "/tmp/x.wav", "--speed", "9"], "must satisfy 0.25 ≤ speed ≤ 4"),
+        (["bench", "--fidelity", "--profile", "--batches", "2"], "--batches, --profile: not for"),
+        (["bench", "--fidelity", "--dtype", "int8"], "--dtype: not for --fidelity"),
+        (["bench", "--steps", "12"], "--steps is an option of --fidelity"),
         (
             ["say", "x", "-o", "/tmp/x.wav", "--speed", "2", "--model", "synthetic:tiny"],
             "'speed' is not supported by the fish engine",
