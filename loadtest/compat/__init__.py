@@ -80,12 +80,23 @@ async def run_client(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+    assert proc.stdout is not None and proc.stderr is not None
+    # Read in tasks of their own, so that what was read before a timeout is kept.
+    out_read = asyncio.create_task(proc.stdout.read())
+    err_read = asyncio.create_task(proc.stderr.read())
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        await asyncio.wait_for(proc.wait(), timeout_s)
     except TimeoutError:
         proc.kill()
-        out, err = await proc.communicate()
-        raise ClientError(f"client {name} timed out:\n{err.decode()[-8000:]}") from None
+        await proc.wait()
+        out, err = await out_read, await err_read
+        # Its events so far say where it stopped (a client that reads until the server closes
+        # the socket waits forever for a close that never comes).
+        raise ClientError(
+            f"client {name} timed out after {timeout_s:.0f} s\n--- stdout\n"
+            f"{out.decode()[-4000:]}\n--- stderr\n{err.decode()[-8000:]}"
+        ) from None
+    out, err = await out_read, await err_read
     assert proc.returncode is not None
     return _parse(out.decode(), err.decode(), proc.returncode, name)
 
