@@ -88,7 +88,7 @@ class PlaybackClock:
 
 
 @dataclass
-class _Rate:
+class RunningMean:
     """An exponentially weighted mean that forgets old measurements (the machine changes)."""
 
     value: float | None = None
@@ -106,13 +106,13 @@ class CostModel:
 
     parallel: int = 1
     weight: float = 0.2  # of the newest measurement in the running mean
-    _by_batch: dict[int, _Rate] = field(default_factory=dict)
+    _by_batch: dict[int, RunningMean] = field(default_factory=dict)
 
     def observe(self, compute_s: float, audio_s: float, batch: int = 1) -> None:
         """``batch`` streams made ``audio_s`` seconds of audio each in ``compute_s``."""
         if audio_s <= 0 or compute_s < 0:
             return
-        self._by_batch.setdefault(batch, _Rate()).observe(compute_s / audio_s, self.weight)
+        self._by_batch.setdefault(batch, RunningMean()).observe(compute_s / audio_s, self.weight)
 
     def cost(self, batch: int) -> float | None:
         """Estimated compute seconds per audio second of one step at ``batch``: measured, or
@@ -156,6 +156,19 @@ class CostModel:
 
     def measured_batches(self) -> Iterable[int]:
         return sorted(self._by_batch)
+
+
+def first_window_s(*, lead_s: float, make_s: float, others: int, workers: int) -> float:
+    """Seconds of audio a piece's first window must hold, made before the rest of the piece,
+    so that its listener does not run out while the rest is made: 0 where the listener's
+    ``lead_s`` (audio not yet heard) already covers that (a window as long as the piece
+    means the same: make it whole).
+
+    ``make_s``: the estimated compute of all of the piece. The rest may also wait behind a
+    piece of each of the ``others`` open streams, shared by ``workers``: a window shrinks the
+    listener's buffer, and streams that start together would otherwise run dry at once."""
+    waiting_s = max(0, others) * make_s / max(1, workers)
+    return max(0.0, waiting_s + make_s - lead_s)
 
 
 def earliest(deadlines: Iterable[float]) -> float:

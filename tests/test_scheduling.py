@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamtts.scheduling import CostModel, PlaybackClock, SchedulingSettings
+from streamtts.scheduling import CostModel, PlaybackClock, SchedulingSettings, first_window_s
 
 SETTINGS = SchedulingSettings(ttfa_target_s=0.25, max_lead_s=6.0)
 
@@ -79,3 +79,13 @@ def test_a_listener_who_ran_out_resumes_at_the_next_audio() -> None:
     fresh = PlaybackClock()
     fresh.resumed(now_s=3.0)  # no audio yet: nothing to resume
     assert fresh.runs_out_s is None
+
+
+def test_a_first_window_covers_making_the_rest_and_the_other_streams_pieces() -> None:
+    # Alone and silent: the window covers making the piece (0.3 s of compute).
+    assert first_window_s(lead_s=0.0, make_s=0.3, others=0, workers=2) == pytest.approx(0.3)
+    # Audio enough queued already: made whole.
+    assert first_window_s(lead_s=2.0, make_s=0.3, others=0, workers=2) == 0.0
+    # Seven other streams on two workers may each need a piece first: 0.3 + 7 * 0.3 / 2.
+    assert first_window_s(lead_s=0.0, make_s=0.3, others=7, workers=2) == pytest.approx(1.35)
+    assert first_window_s(lead_s=1.0, make_s=0.3, others=7, workers=2) == pytest.approx(0.35)

@@ -3,20 +3,23 @@
 
 Synthesis runs on worker threads that take jobs earliest deadline first
 (:mod:`streamtts.piper.workers`, :mod:`streamtts.scheduling`); a segment is cut into jobs of at
-most ``piper_max_job_chars`` at clause boundaries. Each ONNX Runtime session runs
-``piper_onnx_threads`` intra-op threads, so workers × threads stay within the cores (more
-measured slower: docs/operations.md). The engine learns its cost per audio second as it runs,
-for admission by capacity.
+most ``piper_max_job_chars`` at clause boundaries, and a job's first sentence is decoded in a
+first window where its listener would otherwise run out of audio first
+(:mod:`streamtts.piper.stages`, :func:`streamtts.scheduling.first_window_s`). Each ONNX Runtime
+session runs ``piper_onnx_threads`` intra-op threads, so workers × threads stay within the
+cores (more measured slower: docs/operations.md). The engine learns its cost per audio second
+as it runs, for admission by capacity.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
+import math
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,18 +42,23 @@ from streamtts.engine.handoff import PcmHandoff
 from streamtts.options import PIPER
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
+from streamtts.piper.stages import PiperNotInstalledError, StagedVoice, load_voice
 from streamtts.piper.workers import DeadlineWorkers, job_pieces
-from streamtts.scheduling import CostModel, PlaybackClock, SchedulingSettings
+from streamtts.scheduling import (
+    CostModel,
+    PlaybackClock,
+    SchedulingSettings,
+    first_window_s,
+)
 
 log = logging.getLogger(__name__)
 
 BUNDLED_VOICE_ID = "en_US-joe-medium"
 LOAD_DEADLINE_S = 0.0  # loading and warm-up go first
+# Where a listener would run out of audio before a sentence is made, its first window (at least
+# this many latent frames: 0.37 s at 22.05 kHz and 256 samples a frame) is decoded first.
+HEAD_FRAMES = 32
 T = TypeVar("T")
-
-
-class PiperNotInstalledError(RuntimeError):
-    pass
 
 
 def bundled_voice_paths() -> tuple[Path, Path]:
@@ -90,14 +98,15 @@ class PiperEngine(Engine):
         self._settings = settings
         self._scheduling = scheduling or SchedulingSettings()
         self._workers: DeadlineWorkers | None = None
-        self._loaded: dict[str, Any] = {}  # voice id -> PiperVoice
+        self._loaded: dict[str, StagedVoice] = {}
         self._refresh_lock = asyncio.Lock()
         self.cost = CostModel(parallel=settings.engine_threads)
         self._cost_lock = threading.Lock()
+        self._open: weakref.WeakSet[_PiperStream] = weakref.WeakSet()  # not yet closed
 
     @property
     def sample_rate(self) -> int:
-        return _rate_hz(self._voice(self._voice_id))
+        return self._voice(self._voice_id).sample_rate
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -131,18 +140,26 @@ class PiperEngine(Engine):
     async def start(self) -> None:
         self._workers = DeadlineWorkers(self._settings.engine_threads, "piper")
         threads = self._settings.piper_onnx_threads
-        voice = await self._on_worker(lambda: _load(self._model_path, self._config_path, threads))
+        model, config = self._model_path, self._config_path
+        voice = await self._on_worker(functools.partial(load_voice, model, config, threads))
         self._loaded[self._voice_id] = voice
-        # Warm-up: the first run of an ONNX session allocates and is several times slower; the
-        # second measures the cost admission starts from.
-        for _ in range(2):
-            compute_s, audio_s = await self._on_worker(lambda: _timed_run(voice))
-            self._observe(compute_s, audio_s)
+        self._observe(*voice.measured)  # the cost admission starts from
         await self.refresh_voices()
 
     def _observe(self, compute_s: float, audio_s: float) -> None:
         with self._cost_lock:
             self.cost.observe(compute_s, audio_s)
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._open)
+
+    def make_s(self, audio_s: float) -> float:
+        """The estimated compute of ``audio_s`` seconds of audio (before any measurement:
+        as slow as real time)."""
+        with self._cost_lock:
+            cost = self.cost.cost(1)
+        return (1.0 if cost is None else cost) * audio_s
 
     async def refresh_voices(self) -> None:
         if self._voices_dir is None or self._workers is None:
@@ -158,7 +175,8 @@ class PiperEngine(Engine):
                     continue
                 config = model.with_suffix(".onnx.json")
                 try:
-                    voice = await self._on_worker(functools.partial(_load, model, config, threads))
+                    load = functools.partial(load_voice, model, config, threads)
+                    voice = await self._on_worker(load)
                 except Exception:  # a damaged model is skipped, never fatal
                     log.warning("skipping the Piper voice %s", model, exc_info=True)
                     continue
@@ -169,7 +187,7 @@ class PiperEngine(Engine):
         if self._workers is not None:
             self._workers.shutdown()
 
-    def _voice(self, voice_id: str) -> Any:
+    def _voice(self, voice_id: str) -> StagedVoice:
         if not self._loaded:
             raise EngineNotReadyError("the engine is not started")
         voice = self._loaded.get(voice_id)
@@ -180,37 +198,9 @@ class PiperEngine(Engine):
     def _open_stream(self, voice: str | ClonedVoice, options: SynthesisOptions) -> EngineStream:
         assert isinstance(voice, str)  # the contract refused a cloned voice already
         assert self._workers is not None
-        return _PiperStream(self, self._voice(voice), self._workers, options)
-
-
-def _load(model: Path, config: Path, onnx_threads: int) -> Any:
-    """A PiperVoice whose ONNX Runtime session runs ``onnx_threads`` intra-op threads (Piper's
-    own loader gives every session one thread per core: with several workers, more threads
-    than cores)."""
-    try:
-        import onnxruntime
-        from piper import PiperVoice
-        from piper.config import PiperConfig
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise PiperNotInstalledError(
-            "Piper is not installed: pip install 'streamtts[piper]'"
-        ) from exc
-    if not model.is_file():
-        raise FileNotFoundError(f"Piper voice not found: {model}")
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = onnx_threads
-    options.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(
-        str(model), sess_options=options, providers=["CPUExecutionProvider"]
-    )
-    config_dict = json.loads(config.read_text(encoding="utf-8"))
-    return PiperVoice(session=session, config=PiperConfig.from_dict(config_dict))
-
-
-def _timed_run(voice: Any) -> tuple[float, float]:
-    started_s = time.perf_counter()
-    samples = sum(chunk.audio_float_array.size for chunk in voice.synthesize("Warming up now."))
-    return time.perf_counter() - started_s, samples / _rate_hz(voice)
+        stream = _PiperStream(self, self._voice(voice), self._workers, options)
+        self._open.add(stream)
+        return stream
 
 
 def _find_models(directory: Path) -> dict[str, Path]:
@@ -224,10 +214,6 @@ def _find_models(directory: Path) -> dict[str, Path]:
     }
 
 
-def _rate_hz(voice: Any) -> int:
-    return int(voice.config.sample_rate)
-
-
 def _language(voice_id: str) -> str:
     return voice_id.split("-", 1)[0].replace("_", "-")
 
@@ -236,20 +222,17 @@ class _PiperStream(EngineStream):
     def __init__(
         self,
         engine: PiperEngine,
-        voice: Any,
+        voice: StagedVoice,
         workers: DeadlineWorkers,
         options: SynthesisOptions,
     ) -> None:
-        from piper import SynthesisConfig
-
         self._engine = engine
         self._voice = voice
-        self.sample_rate = _rate_hz(voice)
+        self.sample_rate = voice.sample_rate
         self._workers = workers
         self._max_job_chars = engine._settings.piper_max_job_chars
         self._scheduling = engine._scheduling
-        speed = 1.0 if options.speed is None else options.speed
-        self._config = SynthesisConfig(length_scale=1.0 / speed)
+        self._scales = voice.scales(1.0 if options.speed is None else options.speed)
         self._cancelled = threading.Event()
         self._handoff: PcmHandoff | None = None
         self.clock = PlaybackClock()
@@ -261,8 +244,10 @@ class _PiperStream(EngineStream):
                 return
             handoff = PcmHandoff()
             self._handoff = handoff
-            deadline_s = self.clock.deadline_s(time.perf_counter(), self._scheduling)
-            self._workers.submit(deadline_s, functools.partial(self._run, piece, handoff))
+            now_s = time.perf_counter()
+            deadline_s = self.clock.deadline_s(now_s, self._scheduling)
+            job = _Job(piece, handoff, runs_out_s=self.clock.runs_out_s or now_s)
+            self._workers.submit(deadline_s, functools.partial(self._start, job))
             complete = False
             try:
                 async for pcm in handoff.chunks(self.stats, "Piper"):
@@ -277,25 +262,87 @@ class _PiperStream(EngineStream):
         if not self._cancelled.is_set():
             self.stats.segments += 1
 
-    def _run(self, text: str, handoff: PcmHandoff) -> None:
-        """On a worker: synthesise one piece, report its cost."""
-        started_s = time.perf_counter()
-        samples = 0
+    def _start(self, job: _Job) -> None:
+        """On a worker: a piece's first sentence to latent frames; then, if its listener would
+        run out of audio before all of it is decoded, its first window goes first and the
+        rest is queued by its own deadline; else all of the piece at once."""
+        job.restart_clock()
+        latent: np.ndarray | None = None
+        sentences: list[list[int]] = []
+        head_frames = 0
         try:
-            for chunk in self._voice.synthesize(text, self._config):
+            sentences = self._voice.phoneme_ids(job.text)
+            if sentences and not self._cancelled.is_set():
+                latent = self._voice.latent(sentences[0], self._scales)
+                head_frames = self._head_frames(latent, job.runs_out_s)
+            if latent is not None and head_frames:
+                head = self._post(job, self._voice.render(latent, 0, head_frames))
+                job.runs_out_s = max(job.runs_out_s, time.perf_counter())
+                job.runs_out_s += head / self.sample_rate
+            job.add_compute()
+        except Exception as exc:  # reported to the awaiting coroutine, not swallowed
+            job.handoff.post(exc)
+            job.handoff.end()
+            return
+        rest = functools.partial(self._finish, job, latent, head_frames, sentences[1:])
+        if not head_frames:
+            rest()
+            return
+        try:
+            self._workers.submit(job.runs_out_s, rest)
+        except RuntimeError as exc:  # the workers stopped
+            job.handoff.post(exc)
+            job.handoff.end()
+
+    def _head_frames(self, latent: np.ndarray, runs_out_s: float) -> int:
+        """How many of a sentence's frames to decode first: 0 for all at once."""
+        voice = self._voice
+        frames = voice.frames(latent)
+        if voice.context_frames is None:
+            return 0
+        frame_s = voice.hop_samples / voice.sample_rate
+        make_s = self._engine.make_s(frames * frame_s)
+        window_s = first_window_s(
+            lead_s=max(0.0, runs_out_s - time.perf_counter()),
+            make_s=make_s,
+            others=self._engine.open_streams - 1,
+            workers=self._workers.threads,
+        )
+        head = max(HEAD_FRAMES, math.ceil(window_s / frame_s))
+        return 0 if window_s == 0 or head + voice.context_frames >= frames else head
+
+    def _finish(
+        self,
+        job: _Job,
+        latent: np.ndarray | None = None,
+        start_frame: int = 0,
+        sentences: list[list[int]] | None = None,
+    ) -> None:
+        """On a worker: the rest of a piece (``latent``'s frames from ``start_frame``, then
+        ``sentences``), then its end and its cost."""
+        job.restart_clock()
+        try:
+            if latent is not None and not self._cancelled.is_set():
+                self._post(job, self._voice.render(latent, start_frame))
+            for ids in sentences or []:
                 if self._cancelled.is_set():
                     break
-                pcm = np.ascontiguousarray(chunk.audio_float_array, dtype=np.float32)
-                samples += pcm.size
-                handoff.post(pcm)
+                self._post(job, self._voice.render(self._voice.latent(ids, self._scales)))
         except Exception as exc:  # reported to the awaiting coroutine, not swallowed
-            handoff.post(exc)
+            job.handoff.post(exc)
         finally:
-            compute_s = time.perf_counter() - started_s
-            self.stats.compute_s += compute_s
-            if samples and not self._cancelled.is_set():
-                self._engine._observe(compute_s, samples / self.sample_rate)
-            handoff.end()
+            job.add_compute()
+            self.stats.compute_s += job.compute_s
+            if job.samples and not self._cancelled.is_set():
+                self._engine._observe(job.compute_s, job.samples / self.sample_rate)
+            job.handoff.end()
+
+    def _post(self, job: _Job, raw: PcmF32) -> int:
+        if self._cancelled.is_set() or raw.size == 0:
+            return 0
+        job.samples += raw.size
+        job.handoff.post(self._voice.scaled(raw))
+        return int(raw.size)
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -304,3 +351,25 @@ class _PiperStream(EngineStream):
 
     def close(self) -> None:
         self.cancel()
+        self._engine._open.discard(self)
+
+
+class _Job:
+    """One piece of a segment, made by one or two worker calls."""
+
+    def __init__(self, text: str, handoff: PcmHandoff, runs_out_s: float) -> None:
+        self.text = text
+        self.handoff = handoff
+        self.runs_out_s = runs_out_s  # when its listener runs out of audio made before it
+        self.samples = 0
+        self.compute_s = 0.0
+        self._since_s = time.perf_counter()
+
+    def restart_clock(self) -> None:
+        self._since_s = time.perf_counter()
+
+    def add_compute(self) -> None:
+        """Count the compute since the clock last started (a worker call's time)."""
+        now_s = time.perf_counter()
+        self.compute_s += now_s - self._since_s
+        self._since_s = now_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from streamtts.engine.base import InvalidOptionError
 from streamtts.options import SynthesisOptions
-from streamtts.piper.engine import PiperEngine
+from streamtts.piper.engine import HEAD_FRAMES, PiperEngine, _PiperStream
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
 from tests.torch_guard import no_torch_on_this_thread
@@ -66,3 +67,43 @@ async def test_every_segment_of_a_stream_is_spoken(engine: PiperEngine) -> None:
     stream.close()
     assert all(size > 2000 for size in sizes), sizes  # none was lost after the one before it
     assert stream.stats.segments == len(sizes)
+
+
+async def test_a_silent_stream_hears_a_first_window_before_the_sentence_is_decoded(
+    engine: PiperEngine,
+) -> None:
+    stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+    chunks = [pcm.size async for pcm in stream.synthesize(TEXT)]
+    stream.close()
+    voice = engine._voice(engine.default_voice)
+    # The window covers making the rest (on a fast machine, the least window); the rest came
+    # after it.
+    assert chunks[0] % voice.hop_samples == 0 and chunks[0] >= HEAD_FRAMES * voice.hop_samples
+    assert len(chunks) >= 2 and sum(chunks[1:]) > chunks[0]
+
+
+async def test_a_sentence_is_decoded_whole_while_its_listener_has_audio_enough(
+    engine: PiperEngine,
+) -> None:
+    stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+    assert isinstance(stream, _PiperStream)
+    voice = engine._voice(engine.default_voice)
+    (ids,) = voice.phoneme_ids(TEXT)
+    latent = voice.latent(ids, voice.scales(1.0))
+    now_s = time.perf_counter()
+    assert HEAD_FRAMES <= stream._head_frames(latent, runs_out_s=now_s) < voice.frames(latent)
+    assert stream._head_frames(latent, runs_out_s=now_s + 60) == 0
+    short = voice.latent(voice.phoneme_ids("Hi.")[0], voice.scales(1.0))
+    assert stream._head_frames(short, runs_out_s=now_s) == 0  # too short to gain anything
+    stream.close()
+
+
+async def test_a_cancel_after_the_first_window_ends_the_piece(engine: PiperEngine) -> None:
+    stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+    received = []
+    async for pcm in stream.synthesize(TEXT):
+        received.append(pcm.size)
+        stream.cancel()
+    voice = engine._voice(engine.default_voice)
+    assert len(received) == 1 and received[0] >= HEAD_FRAMES * voice.hop_samples
+    assert stream.stats.segments == 0

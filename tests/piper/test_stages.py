@@ -1,0 +1,115 @@
+"""The bundled voice in two stages: decoded in windows it is the same audio as decoded whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from streamtts.piper.engine import HEAD_FRAMES, bundled_voice_paths
+from streamtts.piper.stages import (
+    CALIBRATION_PEAK,
+    WINDOW_TOLERANCE,
+    StagedVoice,
+    Stages,
+    find_context_frames,
+    load_voice,
+    split_graph,
+)
+
+LONG_SENTENCE = "The weather today is sunny with a light breeze from the west, and mild."
+
+
+@pytest.fixture(scope="module")
+def voice() -> StagedVoice:
+    model, config = bundled_voice_paths()
+    return load_voice(model, config, onnx_threads=1)
+
+
+def latent_of(voice: StagedVoice, text: str) -> np.ndarray:
+    (ids,) = voice.phoneme_ids(text)
+    return voice.latent(ids, voice.scales(1.0))
+
+
+def test_the_bundled_voice_is_split_with_a_context_that_windows_match(voice: StagedVoice) -> None:
+    assert voice.splittable and voice.context_frames is not None
+    latent = latent_of(voice, LONG_SENTENCE)
+    frames = voice.frames(latent)
+    whole = voice.render(latent)
+    assert whole.size == frames * voice.hop_samples
+    for cuts in ([HEAD_FRAMES], [HEAD_FRAMES, 2 * HEAD_FRAMES, frames // 2], [1, frames - 1]):
+        bounds = [0, *cuts, frames]
+        windows = [voice.render(latent, a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+        assert [w.size for w in windows] == [
+            (b - a) * voice.hop_samples for a, b in zip(bounds, bounds[1:], strict=False)
+        ]
+        # The same samples but for float roundings (kernels block differently by length).
+        tolerance = WINDOW_TOLERANCE * np.abs(whole).max()
+        np.testing.assert_allclose(np.concatenate(windows), whole, rtol=0, atol=tolerance)
+
+
+def test_without_its_context_a_window_differs(voice: StagedVoice) -> None:
+    """The check the context is found by can fail: the context matters."""
+    latent = latent_of(voice, LONG_SENTENCE)
+    whole = voice.render(latent)
+    found = voice.context_frames
+    try:
+        voice.context_frames = 0
+        head = voice.render(latent, 0, HEAD_FRAMES)
+    finally:
+        voice.context_frames = found
+    assert np.abs(head - whole[: head.size]).max() > 1e-3
+
+
+def test_one_gain_for_the_voice_keeps_quiet_sentences_quiet(voice: StagedVoice) -> None:
+    """Piper scaled every sentence to full scale; one gain keeps their loudness apart."""
+    assert 0.5 < voice.gain < 10
+    quiet = voice.scaled(voice.render(latent_of(voice, "Hmm.")))
+    loud = voice.scaled(
+        voice.render(latent_of(voice, "Absolutely fantastic news, congratulations!"))
+    )
+    assert np.abs(loud).max() <= 1.0
+    assert np.abs(quiet).max() < 0.8 * np.abs(loud).max()
+    assert np.abs(loud).max() > 0.5 * CALIBRATION_PEAK
+
+
+class _NotLocal:
+    """A decoder whose every sample depends on all of its frames (a running sum)."""
+
+    def run(self, _outputs: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        (latent,) = feeds.values()
+        return [np.repeat(np.cumsum(latent[0, 0]), 4)[None, None, :].astype(np.float32)]
+
+
+def test_a_decoder_whose_windows_never_match_decodes_whole(voice: StagedVoice) -> None:
+    fake = StagedVoice(voice.piper_voice, None, Stages(None, _NotLocal(), "z", False))
+    fake.hop_samples = 4
+    latent = np.random.default_rng(0).normal(size=(1, 2, 400)).astype(np.float32)
+    assert find_context_frames(fake, latent) is None
+    with pytest.raises(ValueError, match="whole sentences only"):
+        fake.render(latent, 0, 10)
+    assert fake.render(latent).size == 1600  # whole still works
+
+
+def test_a_graph_without_piper_s_decoder_is_not_split() -> None:
+    node = helper.make_node("Identity", ["input"], ["output"])
+    graph = helper.make_graph(
+        [node],
+        "not-vits",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4])],
+    )
+    assert split_graph(helper.make_model(graph)) is None
+
+
+def test_the_split_halves_chain_to_the_voice_s_output() -> None:
+    model, _ = bundled_voice_paths()
+    split = split_graph(onnx.load(str(model)))
+    assert split is not None
+    front, decoder, latent = split
+    assert [o.name for o in front.graph.output] == [latent]
+    assert [i.name for i in decoder.graph.input] == [latent]
+    assert [o.name for o in decoder.graph.output] == ["output"]
