@@ -24,8 +24,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
 from streamtts.engine.base import (
     Capacity,
     ClonedVoice,
@@ -42,7 +40,13 @@ from streamtts.engine.handoff import PcmHandoff
 from streamtts.options import PIPER
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
-from streamtts.piper.stages import PiperNotInstalledError, StagedVoice, load_voice
+from streamtts.piper.stages import (
+    PiperNotInstalledError,
+    Sentence,
+    StagedVoice,
+    load_voice,
+    run_options,
+)
 from streamtts.piper.workers import DeadlineWorkers, job_pieces
 from streamtts.scheduling import (
     CostModel,
@@ -234,6 +238,7 @@ class _PiperStream(EngineStream):
         self._scheduling = engine._scheduling
         self._scales = voice.scales(1.0 if options.speed is None else options.speed)
         self._cancelled = threading.Event()
+        self._run_options = run_options()  # terminated on cancel: a running job stops at once
         self._handoff: PcmHandoff | None = None
         self.clock = PlaybackClock()
         self.stats = StreamStats()
@@ -267,13 +272,13 @@ class _PiperStream(EngineStream):
         run out of audio before all of it is decoded, its first window goes first and the
         rest is queued by its own deadline; else all of the piece at once."""
         job.restart_clock()
-        latent: np.ndarray | None = None
+        latent: Sentence | None = None
         sentences: list[list[int]] = []
         head_frames = 0
         try:
             sentences = self._voice.phoneme_ids(job.text)
             if sentences and not self._cancelled.is_set():
-                latent = self._voice.latent(sentences[0], self._scales)
+                latent = self._voice.sentence(sentences[0], self._scales, self._run_options)
                 head_frames = self._head_frames(latent, job.runs_out_s)
             if latent is not None and head_frames:
                 head = self._post(job, self._voice.render(latent, 0, head_frames))
@@ -294,7 +299,7 @@ class _PiperStream(EngineStream):
             job.handoff.post(exc)
             job.handoff.end()
 
-    def _head_frames(self, latent: np.ndarray, runs_out_s: float) -> int:
+    def _head_frames(self, latent: Sentence, runs_out_s: float) -> int:
         """How many of a sentence's frames to decode first: 0 for all at once."""
         voice = self._voice
         frames = voice.frames(latent)
@@ -314,7 +319,7 @@ class _PiperStream(EngineStream):
     def _finish(
         self,
         job: _Job,
-        latent: np.ndarray | None = None,
+        latent: Sentence | None = None,
         start_frame: int = 0,
         sentences: list[list[int]] | None = None,
     ) -> None:
@@ -327,7 +332,10 @@ class _PiperStream(EngineStream):
             for ids in sentences or []:
                 if self._cancelled.is_set():
                     break
-                self._post(job, self._voice.render(self._voice.latent(ids, self._scales)))
+                self._post(
+                    job,
+                    self._voice.render(self._voice.sentence(ids, self._scales, self._run_options)),
+                )
         except Exception as exc:  # reported to the awaiting coroutine, not swallowed
             job.handoff.post(exc)
         finally:
@@ -346,6 +354,7 @@ class _PiperStream(EngineStream):
 
     def cancel(self) -> None:
         self._cancelled.set()
+        self._run_options.terminate = True  # a run in progress raises; nobody awaits it
         if self._handoff is not None:
             self._handoff.end()  # the coroutine waiting for audio returns at once
 

@@ -1,14 +1,16 @@
-"""A Piper voice run in two stages, so a sentence's first audio need not wait for all of it.
+"""A Piper voice run in stages, so a sentence's first audio need not wait for all of it.
 
-Piper's model (VITS) turns a sentence's phonemes into latent frames (text encoder, durations,
-flow) and then decodes the frames into audio (a HiFi-GAN decoder, ~70% of the time), all in one
-ONNX Runtime run whose first sample comes with its last. The decoder is convolutional: a sample
-depends only on the latent frames within a fixed distance of its own, so a window of frames
-decoded with that much context on each side gives the samples that decoding all of them gives
-(but for float roundings: kernels block their sums differently by length). The voice's graph
-is cut at the decoder's input (``onnx.utils.Extractor``) and the context is found at load, by
-decoding a sentence whole and in two windows: they must match (:func:`find_context_frames`).
-A voice whose graph cannot be cut runs whole, as Piper runs it.
+Piper's model (VITS) turns a sentence's phonemes into a prior over latent frames (text encoder
+and durations), maps the prior to latent frames (the flow: ~15% of the time) and decodes the
+frames into audio (a HiFi-GAN decoder: ~70%), all in one ONNX Runtime run whose first sample
+comes with its last. The flow and the decoder are convolutional: an output frame depends only
+on the frames within a fixed distance of its own, so a window of frames computed with that much
+context on each side gives what computing all of them gives (but for float roundings: kernels
+block their sums differently by length). The voice's graph is cut at the flow's and the
+decoder's inputs (``onnx.utils.Extractor``) and each context is found at load, by computing a
+sentence whole and in two windows: they must match (:func:`find_context_frames`). A voice whose
+flow cannot be cut runs its flow whole; one whose decoder cannot be cut runs whole, as Piper
+runs it.
 
 Loudness: Piper scales each sentence to full scale once all of it is made (its
 ``normalize_audio``), which a sentence streamed in windows cannot wait for; every voice here is
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,17 +55,50 @@ class PiperNotInstalledError(RuntimeError):
 
 @dataclass
 class Stages:
-    """The two halves of a voice's graph: phoneme ids to latent frames, frames to audio."""
+    """The parts of a voice's graph: phoneme ids to the flow's prior and mask (or, without a
+    flow stage, to latent frames); prior and mask to latent frames; latent frames to audio."""
 
     front: Any  # onnxruntime.InferenceSession
+    flow: Any | None
     decoder: Any
     latent_name: str
-    speaker_input: bool  # the decoder takes the speaker id too (multi-speaker voices)
+    prior_names: tuple[str, str]  # the flow's inputs: its prior and the frames' mask
+    speaker_input: bool  # the flow and decoder take the speaker id too (multi-speaker voices)
 
 
-def split_graph(model: Any) -> tuple[Any, Any, str] | None:
-    """(front, decoder, the latent tensor's name) of a Piper ONNX model (an ``onnx``
-    ModelProto), or None where its decoder cannot be found."""
+@dataclass
+class SplitGraph:
+    """A Piper ONNX model cut into its stages (``onnx`` ModelProtos)."""
+
+    front: Any
+    flow: Any | None
+    decoder: Any
+    latent_name: str
+    prior_names: tuple[str, str]
+
+
+@dataclass
+class Sentence:
+    """A sentence after the front stage: what the later stages run over, by window."""
+
+    arrays: tuple[np.ndarray, ...]  # [1, channels, frames] each: (prior, mask) or (latent,);
+    # for a voice that runs whole, (audio,)
+    latent: np.ndarray | None = None  # all its latent frames, where the flow runs whole
+    run_options: Any = None  # onnxruntime.RunOptions of its stream: terminated on a cancel
+
+
+def run_options() -> Any:
+    """Options for one stream's runs: ``terminate`` set from another thread stops a run at
+    once (it raises), so a cancelled stream never holds a worker for the rest of a sentence."""
+    import onnxruntime
+
+    return onnxruntime.RunOptions()
+
+
+def split_graph(model: Any) -> SplitGraph | None:
+    """A Piper ONNX model (an ``onnx`` ModelProto) cut into its stages, or None where its
+    decoder cannot be found. The flow is cut off where its nodes (scoped ``/flow/`` by the
+    exporter) and its input are found; else it stays in the front."""
     import onnx.utils
 
     graph = model.graph
@@ -71,15 +107,37 @@ def split_graph(model: Any) -> tuple[Any, Any, str] | None:
         return None
     latent = convs[0].input[0]
     inputs = [i.name for i in graph.input]
+    speaker = ["sid"] if "sid" in inputs else []
     extractor = onnx.utils.Extractor(model)
+    decoder = extractor.extract_model([latent, *speaker], [o.name for o in graph.output])
+    prior_names = _flow_inputs(graph, latent)
+    if prior_names is not None:
+        try:
+            front = extractor.extract_model(inputs, list(prior_names))
+            flow = extractor.extract_model([*prior_names, *speaker], [latent])
+            return SplitGraph(front, flow, decoder, latent, prior_names)
+        except Exception:  # an unexpected graph: the flow stays in the front
+            log.warning("Piper voice: its flow could not be cut off; it runs whole", exc_info=True)
     front = extractor.extract_model(inputs, [latent])
-    decoder_inputs = [latent] + (["sid"] if "sid" in inputs else [])
-    decoder = extractor.extract_model(decoder_inputs, [o.name for o in graph.output])
-    return front, decoder, latent
+    return SplitGraph(front, None, decoder, latent, ("", ""))
+
+
+def _flow_inputs(graph: Any, latent: str) -> tuple[str, str] | None:
+    """(prior, mask): the first ``/flow/`` node's input and the mask the flow's output is
+    multiplied by (``z * y_mask``, the decoder's input), or None."""
+    flow_nodes = [n for n in graph.node if n.name.startswith("/flow/")]
+    producer = next((n for n in graph.node if latent in n.output), None)
+    if not flow_nodes or producer is None or producer.op_type != "Mul":
+        return None
+    flow_outputs = {o for n in flow_nodes for o in n.output}
+    masks = [i for i in producer.input if i not in flow_outputs]
+    if len(masks) != 1 or len(producer.input) != 2 or not flow_nodes[0].input:
+        return None
+    return flow_nodes[0].input[0], masks[0]
 
 
 class StagedVoice:
-    """One Piper voice: phonemes to latent frames, then frames to audio whole or by window.
+    """One Piper voice: phonemes to a :class:`Sentence`, then its audio whole or by window.
 
     Runs on one worker thread at a time per call (ONNX Runtime sessions are thread-safe)."""
 
@@ -95,7 +153,8 @@ class StagedVoice:
         config = piper_voice.config
         self.sample_rate = int(config.sample_rate)
         self.hop_samples = int(config.hop_length)
-        self.context_frames: int | None = None  # None: decoded whole only
+        self.context_frames: int | None = None  # the decoder's; None: decoded whole only
+        self.flow_context_frames: int | None = None  # None: the flow runs whole
         self.gain = 1.0
         self.measured = (0.0, 0.0)  # (compute, audio) seconds of a sentence, by calibrate()
         self._speaker = (
@@ -103,6 +162,14 @@ class StagedVoice:
             if config.num_speakers > 1
             else None
         )
+
+    @property
+    def splittable(self) -> bool:
+        return self._stages is not None
+
+    @property
+    def has_flow_stage(self) -> bool:
+        return self._stages is not None and self._stages.flow is not None
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
         """Piper's phoneme ids, one list per sentence."""
@@ -116,9 +183,11 @@ class StagedVoice:
             dtype=np.float32,
         )
 
-    def latent(self, phoneme_ids: list[int], scales: np.ndarray) -> np.ndarray:
-        """A sentence's latent frames ``[1, channels, frames]`` (random: Piper draws noise);
-        for a voice that runs whole, its raw audio ``[samples]``."""
+    def sentence(
+        self, phoneme_ids: list[int], scales: np.ndarray, run_options: Any = None
+    ) -> Sentence:
+        """A sentence through the front stage (random: Piper draws noise). Its runs take
+        ``run_options`` (:func:`run_options`), so a cancel can stop one midway."""
         feeds: dict[str, np.ndarray] = {
             "input": np.array([phoneme_ids], dtype=np.int64),
             "input_lengths": np.array([len(phoneme_ids)], dtype=np.int64),
@@ -126,33 +195,41 @@ class StagedVoice:
         }
         if self._speaker is not None:
             feeds["sid"] = self._speaker
-        session = self._whole if self._stages is None else self._stages.front
-        out = np.asarray(session.run(None, feeds)[0], dtype=np.float32)
-        return out.reshape(-1) if self._stages is None else out
-
-    @property
-    def splittable(self) -> bool:
-        return self._stages is not None
+        if self._stages is None:
+            audio = self._whole.run(None, feeds, run_options)[0]
+            return Sentence((np.asarray(audio, dtype=np.float32).reshape(-1),), None, run_options)
+        outputs = self._stages.front.run(None, feeds, run_options)
+        arrays = tuple(np.asarray(o, dtype=np.float32) for o in outputs)
+        return Sentence(arrays, None, run_options)
 
     @staticmethod
-    def frames(latent: np.ndarray) -> int:
-        return int(latent.shape[-1]) if latent.ndim == 3 else 0
+    def frames(sentence: Sentence) -> int:
+        first = sentence.arrays[0]
+        return int(first.shape[-1]) if first.ndim == 3 else 0
 
-    def render(self, latent: np.ndarray, start: int = 0, stop: int | None = None) -> PcmF32:
-        """Raw audio of latent frames ``[start, stop)`` (all of them by default), decoded
-        with :attr:`context_frames` on each side."""
-        if self._stages is None:
-            return latent  # already audio
-        total = self.frames(latent)
+    def render(self, sentence: Sentence, start: int = 0, stop: int | None = None) -> PcmF32:
+        """Raw audio of latent frames ``[start, stop)`` (all of them by default), each stage
+        run with its context on each side."""
+        total = self.frames(sentence)
         stop = total if stop is None else stop
-        context = 0 if (start, stop) == (0, total) else self.context_frames
-        if context is None:
+        if (start, stop) == (0, total):
+            return self._render(sentence, 0, total, 0, 0)
+        if self.context_frames is None:
             raise ValueError("this voice decodes whole sentences only")
+        return self._render(sentence, start, stop, self.context_frames, self.flow_context_frames)
+
+    def _render(
+        self, sentence: Sentence, start: int, stop: int, context: int, flow_context: int | None
+    ) -> PcmF32:
+        if self._stages is None:
+            return sentence.arrays[0]  # already audio
+        total = self.frames(sentence)
         low, high = max(0, start - context), min(total, stop + context)
-        feeds = {self._stages.latent_name: latent[:, :, low:high]}
+        feeds = {self._stages.latent_name: self._latent(sentence, low, high, flow_context)}
         if self._stages.speaker_input and self._speaker is not None:
             feeds["sid"] = self._speaker
-        audio = np.asarray(self._stages.decoder.run(None, feeds)[0], dtype=np.float32).reshape(-1)
+        decoded = self._stages.decoder.run(None, feeds, sentence.run_options)[0]
+        audio = np.asarray(decoded, dtype=np.float32).reshape(-1)
         if audio.size != (high - low) * self.hop_samples:
             raise RuntimeError(
                 f"the decoder made {audio.size} samples of {high - low} frames, not "
@@ -162,6 +239,35 @@ class StagedVoice:
         kept: PcmF32 = audio[head : head + (stop - start) * self.hop_samples]
         return kept
 
+    def _latent(
+        self, sentence: Sentence, low: int, high: int, flow_context: int | None
+    ) -> np.ndarray:
+        """Latent frames ``[low, high)``: the flow run over them with ``flow_context`` frames
+        on each side (None: over all of the sentence, once)."""
+        stages = self._stages
+        assert stages is not None
+        if stages.flow is None:
+            return sentence.arrays[0][:, :, low:high]
+        total = self.frames(sentence)
+        if flow_context is None or (low, high) == (0, total):
+            if sentence.latent is None:
+                sentence.latent = self._flow(sentence, 0, total)
+            return sentence.latent[:, :, low:high]
+        first, last = max(0, low - flow_context), min(total, high + flow_context)
+        return self._flow(sentence, first, last)[:, :, low - first : high - first]
+
+    def _flow(self, sentence: Sentence, low: int, high: int) -> np.ndarray:
+        stages = self._stages
+        assert stages is not None and stages.flow is not None
+        prior, mask = sentence.arrays
+        feeds = {
+            stages.prior_names[0]: prior[:, :, low:high],
+            stages.prior_names[1]: mask[:, :, low:high],
+        }
+        if stages.speaker_input and self._speaker is not None:
+            feeds["sid"] = self._speaker
+        return np.asarray(stages.flow.run(None, feeds, sentence.run_options)[0], dtype=np.float32)
+
     def scaled(self, raw: PcmF32) -> PcmF32:
         """Raw audio at the voice's gain, within [-1, 1]."""
         scaled: PcmF32 = np.clip(raw * self.gain, -1.0, 1.0).astype(np.float32)
@@ -169,25 +275,41 @@ class StagedVoice:
 
 
 def find_context_frames(
-    voice: StagedVoice, latent: np.ndarray, whole: PcmF32 | None = None
-) -> int | None:
-    """The least context (of :data:`CONTEXT_FRAMES_TRIED`) with which a sentence decoded in two
-    windows equals it decoded whole (``whole``, if it is decoded already); None if none does
-    (or the sentence is too short to tell)."""
-    total = voice.frames(latent)
+    voice: StagedVoice, sentence: Sentence, whole: PcmF32 | None = None
+) -> tuple[int | None, int | None]:
+    """(the decoder's, the flow's) least contexts (of :data:`CONTEXT_FRAMES_TRIED`) with which a
+    sentence made in two windows equals it made whole (``whole``, its audio if it is made
+    already); None for a stage where none does (or the sentence is too short to tell). The
+    decoder's windows are checked with the flow's windows (the flow whole, if they fail)."""
+    total = voice.frames(sentence)
     if total == 0:
-        return None
-    whole = voice.render(latent) if whole is None else whole
+        return None, None
+    flow_context = None
+    if voice.has_flow_stage:
+        latent = voice._latent(sentence, 0, total, None)
+        flow_context = _least_context(
+            total, latent, lambda a, b, c: voice._latent(sentence, a, b, c)
+        )
+    whole = voice.render(sentence) if whole is None else whole
+    context = _least_context(
+        total, whole, lambda a, b, c: voice._render(sentence, a, b, c, flow_context)
+    )
+    return context, flow_context
+
+
+def _least_context(
+    total: int, whole: np.ndarray, window: Callable[[int, int, int], np.ndarray]
+) -> int | None:
+    """The least context with which ``window(start, stop, context)`` of two halves joins to
+    ``whole`` (along its last axis)."""
     peak = float(np.abs(whole).max())
+    cut = total // 2
     for context in CONTEXT_FRAMES_TRIED:
-        cut = total // 2
         if cut <= 2 * context:
             break
-        voice.context_frames = context
-        windows = np.concatenate([voice.render(latent, 0, cut), voice.render(latent, cut)])
-        if float(np.abs(windows - whole).max()) <= WINDOW_TOLERANCE * peak:
+        joined = np.concatenate([window(0, cut, context), window(cut, total, context)], axis=-1)
+        if joined.shape == whole.shape and np.abs(joined - whole).max() <= WINDOW_TOLERANCE * peak:
             return context
-    voice.context_frames = None
     return None
 
 
@@ -222,12 +344,13 @@ def load_voice(model: Path, config: Path, onnx_threads: int) -> StagedVoice:
         whole = session(str(model))
         voice = StagedVoice(PiperVoice(session=whole, config=piper_config), whole, None)
     else:
-        front, decoder, latent_name = split
-        speaker_input = any(i.name == "sid" for i in decoder.graph.input)
+        speaker_input = any(i.name == "sid" for i in split.decoder.graph.input)
         stages = Stages(
-            session(front.SerializeToString()),
-            session(decoder.SerializeToString()),
-            latent_name,
+            session(split.front.SerializeToString()),
+            None if split.flow is None else session(split.flow.SerializeToString()),
+            session(split.decoder.SerializeToString()),
+            split.latent_name,
+            split.prior_names,
             speaker_input,
         )
         voice = StagedVoice(PiperVoice(session=stages.front, config=piper_config), None, stages)
@@ -236,20 +359,22 @@ def load_voice(model: Path, config: Path, onnx_threads: int) -> StagedVoice:
 
 
 def calibrate(voice: StagedVoice) -> None:
-    """Find the voice's decoder context (on the longest calibration sentence) and its gain
-    (see the module's docstring); :attr:`StagedVoice.measured` is the cost of the last
-    sentence (the sessions warm by then), which admission starts from."""
+    """Find the voice's contexts (on the longest calibration sentence) and its gain (see the
+    module's docstring); :attr:`StagedVoice.measured` is the cost of the last sentence (the
+    sessions warm by then), which admission starts from."""
     scales = voice.scales(1.0)
-    made: list[tuple[np.ndarray, PcmF32]] = []
-    for sentence in CALIBRATION_SENTENCES:
-        for ids in voice.phoneme_ids(sentence):
+    made: list[tuple[Sentence, PcmF32]] = []
+    for text in CALIBRATION_SENTENCES:
+        for ids in voice.phoneme_ids(text):
             started_s = time.perf_counter()
-            latent = voice.latent(ids, scales)
-            made.append((latent, voice.render(latent)))
+            sentence = voice.sentence(ids, scales)
+            made.append((sentence, voice.render(sentence)))
             voice.measured = (time.perf_counter() - started_s, made[-1][1].size / voice.sample_rate)
     if voice.splittable and made:
-        latent, whole = max(made, key=lambda m: voice.frames(m[0]))
-        voice.context_frames = find_context_frames(voice, latent, whole)
+        sentence, whole = max(made, key=lambda m: voice.frames(m[0]))
+        voice.context_frames, voice.flow_context_frames = find_context_frames(
+            voice, sentence, whole
+        )
         if voice.context_frames is None:
             log.warning("Piper voice: windows of its decoder do not match; it decodes whole")
     loudest = max((float(np.abs(whole).max()) for _, whole in made), default=0.0)

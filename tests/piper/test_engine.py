@@ -89,11 +89,11 @@ async def test_a_sentence_is_decoded_whole_while_its_listener_has_audio_enough(
     assert isinstance(stream, _PiperStream)
     voice = engine._voice(engine.default_voice)
     (ids,) = voice.phoneme_ids(TEXT)
-    latent = voice.latent(ids, voice.scales(1.0))
+    latent = voice.sentence(ids, voice.scales(1.0))
     now_s = time.perf_counter()
     assert HEAD_FRAMES <= stream._head_frames(latent, runs_out_s=now_s) < voice.frames(latent)
     assert stream._head_frames(latent, runs_out_s=now_s + 60) == 0
-    short = voice.latent(voice.phoneme_ids("Hi.")[0], voice.scales(1.0))
+    short = voice.sentence(voice.phoneme_ids("Hi.")[0], voice.scales(1.0))
     assert stream._head_frames(short, runs_out_s=now_s) == 0  # too short to gain anything
     stream.close()
 

@@ -13,10 +13,13 @@ from streamtts.piper.engine import HEAD_FRAMES, bundled_voice_paths
 from streamtts.piper.stages import (
     CALIBRATION_PEAK,
     WINDOW_TOLERANCE,
+    Sentence,
     StagedVoice,
     Stages,
+    calibrate,
     find_context_frames,
     load_voice,
+    run_options,
     split_graph,
 )
 
@@ -29,13 +32,14 @@ def voice() -> StagedVoice:
     return load_voice(model, config, onnx_threads=1)
 
 
-def latent_of(voice: StagedVoice, text: str) -> np.ndarray:
+def latent_of(voice: StagedVoice, text: str) -> Sentence:
     (ids,) = voice.phoneme_ids(text)
-    return voice.latent(ids, voice.scales(1.0))
+    return voice.sentence(ids, voice.scales(1.0))
 
 
 def test_the_bundled_voice_is_split_with_a_context_that_windows_match(voice: StagedVoice) -> None:
-    assert voice.splittable and voice.context_frames is not None
+    assert voice.splittable and voice.has_flow_stage
+    assert voice.context_frames is not None and voice.flow_context_frames is not None
     latent = latent_of(voice, LONG_SENTENCE)
     frames = voice.frames(latent)
     whole = voice.render(latent)
@@ -52,16 +56,20 @@ def test_the_bundled_voice_is_split_with_a_context_that_windows_match(voice: Sta
 
 
 def test_without_its_context_a_window_differs(voice: StagedVoice) -> None:
-    """The check the context is found by can fail: the context matters."""
+    """The check the contexts are found by can fail: each stage's context matters."""
     latent = latent_of(voice, LONG_SENTENCE)
     whole = voice.render(latent)
-    found = voice.context_frames
+    found = voice.context_frames, voice.flow_context_frames
+    heads = []
     try:
-        voice.context_frames = 0
-        head = voice.render(latent, 0, HEAD_FRAMES)
+        for contexts in ((0, found[1]), (found[0], 0)):
+            voice.context_frames, voice.flow_context_frames = contexts
+            heads.append(voice.render(latent, 0, HEAD_FRAMES))
     finally:
-        voice.context_frames = found
-    assert np.abs(head - whole[: head.size]).max() > 1e-3
+        voice.context_frames, voice.flow_context_frames = found
+    tolerance = WINDOW_TOLERANCE * np.abs(whole).max()
+    for head in heads:  # without the decoder's context, and without the flow's
+        assert np.abs(head - whole[: head.size]).max() > 10 * tolerance
 
 
 def test_one_gain_for_the_voice_keeps_quiet_sentences_quiet(voice: StagedVoice) -> None:
@@ -79,16 +87,18 @@ def test_one_gain_for_the_voice_keeps_quiet_sentences_quiet(voice: StagedVoice) 
 class _NotLocal:
     """A decoder whose every sample depends on all of its frames (a running sum)."""
 
-    def run(self, _outputs: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def run(self, _outputs: Any, feeds: dict[str, np.ndarray], _options: Any) -> list[np.ndarray]:
         (latent,) = feeds.values()
         return [np.repeat(np.cumsum(latent[0, 0]), 4)[None, None, :].astype(np.float32)]
 
 
 def test_a_decoder_whose_windows_never_match_decodes_whole(voice: StagedVoice) -> None:
-    fake = StagedVoice(voice.piper_voice, None, Stages(None, _NotLocal(), "z", False))
+    fake = StagedVoice(
+        voice.piper_voice, None, Stages(None, None, _NotLocal(), "z", ("", ""), False)
+    )
     fake.hop_samples = 4
-    latent = np.random.default_rng(0).normal(size=(1, 2, 400)).astype(np.float32)
-    assert find_context_frames(fake, latent) is None
+    latent = Sentence((np.random.default_rng(0).normal(size=(1, 2, 400)).astype(np.float32),))
+    assert find_context_frames(fake, latent) == (None, None)
     with pytest.raises(ValueError, match="whole sentences only"):
         fake.render(latent, 0, 10)
     assert fake.render(latent).size == 1600  # whole still works
@@ -108,8 +118,34 @@ def test_a_graph_without_piper_s_decoder_is_not_split() -> None:
 def test_the_split_halves_chain_to_the_voice_s_output() -> None:
     model, _ = bundled_voice_paths()
     split = split_graph(onnx.load(str(model)))
-    assert split is not None
-    front, decoder, latent = split
-    assert [o.name for o in front.graph.output] == [latent]
-    assert [i.name for i in decoder.graph.input] == [latent]
-    assert [o.name for o in decoder.graph.output] == ["output"]
+    assert split is not None and split.flow is not None
+    assert [o.name for o in split.front.graph.output] == list(split.prior_names)
+    assert [i.name for i in split.flow.graph.input] == list(split.prior_names)
+    assert [o.name for o in split.flow.graph.output] == [split.latent_name]
+    assert [i.name for i in split.decoder.graph.input] == [split.latent_name]
+    assert [o.name for o in split.decoder.graph.output] == ["output"]
+
+
+def test_a_voice_that_runs_whole_speaks_calibrated_with_no_windows(voice: StagedVoice) -> None:
+    import onnxruntime
+
+    model, _ = bundled_voice_paths()
+    whole = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    plain = StagedVoice(voice.piper_voice, whole, None)
+    calibrate(plain)
+    assert not plain.splittable and not plain.has_flow_stage and plain.context_frames is None
+    assert 0.5 < plain.gain < 10 and plain.measured[1] > 0
+    audio = plain.render(latent_of(plain, LONG_SENTENCE))
+    assert audio.ndim == 1 and audio.size > plain.sample_rate  # over a second of it
+    assert plain.frames(latent_of(plain, LONG_SENTENCE)) == 0  # nothing to window
+
+
+def test_terminated_run_options_stop_a_sentence_s_runs(voice: StagedVoice) -> None:
+    """What a cancel sets: a run with them raises instead of finishing the sentence."""
+    (ids,) = voice.phoneme_ids(LONG_SENTENCE)
+    options = run_options()
+    sentence = voice.sentence(ids, voice.scales(1.0), options)
+    assert voice.render(sentence, 0, HEAD_FRAMES).size > 0
+    options.terminate = True
+    with pytest.raises(Exception, match="(?i)terminat"):
+        voice.render(sentence, HEAD_FRAMES)
