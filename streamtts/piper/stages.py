@@ -27,13 +27,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from streamtts.engine.base import PcmF32
 
 log = logging.getLogger(__name__)
+Part = TypeVar("Part")
+Other = TypeVar("Other")
 
 # The decoder's first layer, by the weight name that Piper's VITS export gives it.
 DECODER_WEIGHT = "dec.conv_pre.weight"
@@ -53,28 +55,30 @@ class PiperNotInstalledError(RuntimeError):
     pass
 
 
-@dataclass
-class Stages:
+@dataclass(frozen=True)
+class Stages(Generic[Part]):
     """The parts of a voice's graph: phoneme ids to the flow's prior and mask (or, without a
-    flow stage, to latent frames); prior and mask to latent frames; latent frames to audio."""
+    flow stage, to latent frames); prior and mask to latent frames; latent frames to audio —
+    as ``onnx`` ModelProtos (:func:`split_graph`) or as ONNX Runtime sessions (:meth:`map`)."""
 
-    front: Any  # onnxruntime.InferenceSession
-    flow: Any | None
-    decoder: Any
+    front: Part
+    flow: Part | None
+    decoder: Part
     latent_name: str
     prior_names: tuple[str, str]  # the flow's inputs: its prior and the frames' mask
     speaker_input: bool  # the flow and decoder take the speaker id too (multi-speaker voices)
 
-
-@dataclass
-class SplitGraph:
-    """A Piper ONNX model cut into its stages (``onnx`` ModelProtos)."""
-
-    front: Any
-    flow: Any | None
-    decoder: Any
-    latent_name: str
-    prior_names: tuple[str, str]
+    def map(self, make: Callable[[Part], Other]) -> Stages[Other]:
+        """The same stages, each part made into another (a model into its session)."""
+        flow = None if self.flow is None else make(self.flow)
+        return Stages(
+            make(self.front),
+            flow,
+            make(self.decoder),
+            self.latent_name,
+            self.prior_names,
+            self.speaker_input,
+        )
 
 
 @dataclass
@@ -95,7 +99,7 @@ def run_options() -> Any:
     return onnxruntime.RunOptions()
 
 
-def split_graph(model: Any) -> SplitGraph | None:
+def split_graph(model: Any) -> Stages[Any] | None:
     """A Piper ONNX model (an ``onnx`` ModelProto) cut into its stages, or None where its
     decoder cannot be found. The flow is cut off where its nodes (scoped ``/flow/`` by the
     exporter) and its input are found; else it stays in the front."""
@@ -115,11 +119,11 @@ def split_graph(model: Any) -> SplitGraph | None:
         try:
             front = extractor.extract_model(inputs, list(prior_names))
             flow = extractor.extract_model([*prior_names, *speaker], [latent])
-            return SplitGraph(front, flow, decoder, latent, prior_names)
+            return Stages(front, flow, decoder, latent, prior_names, bool(speaker))
         except Exception:  # an unexpected graph: the flow stays in the front
             log.warning("Piper voice: its flow could not be cut off; it runs whole", exc_info=True)
     front = extractor.extract_model(inputs, [latent])
-    return SplitGraph(front, None, decoder, latent, ("", ""))
+    return Stages(front, None, decoder, latent, ("", ""), bool(speaker))
 
 
 def _flow_inputs(graph: Any, latent: str) -> tuple[str, str] | None:
@@ -145,7 +149,7 @@ class StagedVoice:
         self,
         piper_voice: Any,
         whole: Any,
-        stages: Stages | None,
+        stages: Stages[Any] | None,
     ) -> None:
         self.piper_voice = piper_voice  # piper.PiperVoice: its phonemizer and config
         self._whole = whole  # the unsplit session, where the graph could not be cut (else None)
@@ -344,15 +348,7 @@ def load_voice(model: Path, config: Path, onnx_threads: int) -> StagedVoice:
         whole = session(str(model))
         voice = StagedVoice(PiperVoice(session=whole, config=piper_config), whole, None)
     else:
-        speaker_input = any(i.name == "sid" for i in split.decoder.graph.input)
-        stages = Stages(
-            session(split.front.SerializeToString()),
-            None if split.flow is None else session(split.flow.SerializeToString()),
-            session(split.decoder.SerializeToString()),
-            split.latent_name,
-            split.prior_names,
-            speaker_input,
-        )
+        stages = split.map(lambda part: session(part.SerializeToString()))
         voice = StagedVoice(PiperVoice(session=stages.front, config=piper_config), None, stages)
     calibrate(voice)
     return voice
