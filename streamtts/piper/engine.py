@@ -256,6 +256,8 @@ class _PiperStream(EngineStream):
             complete = False
             try:
                 async for pcm in handoff.chunks(self.stats, "Piper"):
+                    if self._cancelled.is_set():
+                        return  # audio posted before the cancel: it is not heard
                     self.clock.produced(pcm.size / self.sample_rate, time.perf_counter())
                     yield pcm
                 complete = True

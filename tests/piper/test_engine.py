@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -106,4 +107,21 @@ async def test_a_cancel_after_the_first_window_ends_the_piece(engine: PiperEngin
         stream.cancel()
     voice = engine._voice(engine.default_voice)
     assert len(received) == 1 and received[0] >= HEAD_FRAMES * voice.hop_samples
+    assert stream.stats.segments == 0
+
+
+async def test_audio_made_before_a_cancel_is_not_yielded_after_it(engine: PiperEngine) -> None:
+    stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+    assert isinstance(stream, _PiperStream)
+    received = []
+    async for pcm in stream.synthesize(TEXT):
+        received.append(pcm.size)
+        handoff = stream._handoff
+        assert handoff is not None
+        deadline_s = time.monotonic() + 30
+        while handoff._queue.qsize() < 2 and time.monotonic() < deadline_s:
+            await asyncio.sleep(0.01)  # the rest and the end are posted, not yet taken
+        assert handoff._queue.qsize() >= 2
+        stream.cancel()
+    assert len(received) == 1
     assert stream.stats.segments == 0
