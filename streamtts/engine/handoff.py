@@ -20,12 +20,19 @@ class PcmHandoff:
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._stopped = False
 
     def post(self, item: PcmF32 | BaseException) -> None:
         self._put(item)
 
     def end(self) -> None:
         self._put(_END)
+
+    def stop(self) -> None:
+        """The consumer cancelled: :meth:`chunks` returns at once, dropping what is queued
+        (audio posted before the cancel is never yielded after it)."""
+        self._stopped = True
+        self.end()  # wakes the waiting consumer
 
     def _put(self, item: object) -> None:
         # RuntimeError: the loop closed while a worker was busy, so nobody is listening.
@@ -36,7 +43,7 @@ class PcmHandoff:
         """Yield posted PCM until :meth:`end`; a posted exception raises :class:`SynthesisError`."""
         while True:
             item = await self._queue.get()
-            if item is _END:
+            if item is _END or self._stopped:
                 return
             if isinstance(item, BaseException):
                 raise SynthesisError(f"{engine} synthesis failed: {item}") from item

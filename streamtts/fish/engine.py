@@ -408,7 +408,7 @@ class FishStream(EngineStream):
     def cancel(self) -> None:
         self._slot.cancelled.set()  # both workers drop this stream's work from now on
         if self._handoff is not None:
-            self._handoff.end()  # the coroutine waiting for audio returns at once
+            self._handoff.stop()  # the coroutine waiting for audio returns at once
 
     def close(self) -> None:
         self.cancel()

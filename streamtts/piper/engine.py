@@ -256,8 +256,6 @@ class _PiperStream(EngineStream):
             complete = False
             try:
                 async for pcm in handoff.chunks(self.stats, "Piper"):
-                    if self._cancelled.is_set():
-                        return  # audio posted before the cancel: it is not heard
                     self.clock.produced(pcm.size / self.sample_rate, time.perf_counter())
                     yield pcm
                 complete = True
@@ -358,7 +356,7 @@ class _PiperStream(EngineStream):
         self._cancelled.set()
         self._run_options.terminate = True  # a run in progress raises; nobody awaits it
         if self._handoff is not None:
-            self._handoff.end()  # the coroutine waiting for audio returns at once
+            self._handoff.stop()  # the coroutine waiting for audio returns at once
 
     def close(self) -> None:
         self.cancel()
