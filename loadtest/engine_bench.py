@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from loadtest import print_result
 from streamtts.engine.base import ClonedVoice, SynthesisOptions
 from streamtts.fish.engine import FishEngine
 from streamtts.fish.settings import FishSettings
@@ -184,11 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args(argv)
     result = asyncio.run(run(args))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            out.write(text + "\n")
+    print_result(result, args.json)
     return 0
 
 

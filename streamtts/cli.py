@@ -112,11 +112,10 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from streamtts.server.app import create_app
     from streamtts.server.auth import ApiKeys, install_log_redaction, warn_if_exposed
     from streamtts.server.shutdown import GracefulServer, Lifecycle
+    from streamtts.server.uvicorn_config import uvicorn_config
 
     settings = Settings.from_env(
         host=args.host,
@@ -142,22 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
         if path and not Path(path).is_file():
             raise SettingsError(f"TLS file not found: {path}")
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        # Frames up to 4x the limit get an `message_too_big` error and the socket stays
-        # usable; beyond that the server closes with 1009 without reading them.
-        ws_max_size=settings.limits.max_ws_message_bytes * 4,
-        ws_ping_interval=20.0,
-        ws_ping_timeout=20.0,
-        # Our own drain (GracefulServer) has already ended every context by the time uvicorn
-        # shuts down; this only bounds the wait for connections that will not close.
-        timeout_graceful_shutdown=3,
-        ssl_certfile=settings.ssl_certfile or None,
-        ssl_keyfile=settings.ssl_keyfile or None,
-    )
+    config = uvicorn_config(app, settings)
     install_log_redaction()
 
     def lifecycle() -> Lifecycle:

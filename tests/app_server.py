@@ -18,6 +18,7 @@ from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.server.app import create_app
 from streamtts.server.state import AppState
+from streamtts.server.uvicorn_config import uvicorn_config
 from tests.servers import UNPACED_MS, free_port
 
 START_TIMEOUT_S = 30.0
@@ -49,14 +50,12 @@ async def serve_app(
     if not settings.voices.data_dir and not settings.voices.voices_dir:
         settings = settings.replace(data_dir=tempfile.mkdtemp(prefix="streamtts-test-"))
     app = create_app(settings, engine)
-    config = uvicorn.Config(
+    config = uvicorn_config(
         app if wrap is None else wrap(app),
+        settings,
         host="127.0.0.1",
-        port=port,
         log_level="warning",
         lifespan="on",
-        ssl_certfile=settings.ssl_certfile or None,
-        ssl_keyfile=settings.ssl_keyfile or None,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

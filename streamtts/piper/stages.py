@@ -10,7 +10,9 @@ block their sums differently by length). The voice's graph is cut at the flow's 
 decoder's inputs (``onnx.utils.Extractor``) and each context is found at load, by computing a
 sentence whole and in two windows: they must match (:func:`find_context_frames`). A voice whose
 flow cannot be cut runs its flow whole; one whose decoder cannot be cut runs whole, as Piper
-runs it.
+runs it. The decoder is rewritten to run on ONNX Runtime's blocked convolution kernels
+(:mod:`streamtts.piper.blocked`: 1.3-1.5x faster on this project's AVX-512 machine), once it has
+made the same audio as the exported one for a calibration sentence.
 
 Loudness: Piper scales each sentence to full scale once all of it is made (its
 ``normalize_audio``), which a sentence streamed in windows cannot wait for; every voice here is
@@ -21,6 +23,7 @@ and between the pieces of a sentence.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -32,6 +35,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from streamtts.engine.base import PcmF32
+from streamtts.piper.blocked import blocked_decoder
 
 log = logging.getLogger(__name__)
 Part = TypeVar("Part")
@@ -160,6 +164,7 @@ class StagedVoice:
         self.context_frames: int | None = None  # the decoder's; None: decoded whole only
         self.flow_context_frames: int | None = None  # None: the flow runs whole
         self.gain = 1.0
+        self.decodes_blocked = False  # decoding on ONNX Runtime's blocked kernels (blocked.py)
         self.measured = (0.0, 0.0)  # (compute, audio) seconds of a sentence, by calibrate()
         self._speaker = (
             np.array([config.default_speaker_id], dtype=np.int64)
@@ -229,9 +234,7 @@ class StagedVoice:
             return sentence.arrays[0]  # already audio
         total = self.frames(sentence)
         low, high = max(0, start - context), min(total, stop + context)
-        feeds = {self._stages.latent_name: self._latent(sentence, low, high, flow_context)}
-        if self._stages.speaker_input and self._speaker is not None:
-            feeds["sid"] = self._speaker
+        feeds = self._decoder_feeds(self._latent(sentence, low, high, flow_context))
         decoded = self._stages.decoder.run(None, feeds, sentence.run_options)[0]
         audio = np.asarray(decoded, dtype=np.float32).reshape(-1)
         if audio.size != (high - low) * self.hop_samples:
@@ -242,6 +245,34 @@ class StagedVoice:
         head = (start - low) * self.hop_samples
         kept: PcmF32 = audio[head : head + (stop - start) * self.hop_samples]
         return kept
+
+    def _decoder_feeds(self, latent: np.ndarray) -> dict[str, np.ndarray]:
+        assert self._stages is not None
+        feeds = {self._stages.latent_name: latent}
+        if self._stages.speaker_input and self._speaker is not None:
+            feeds["sid"] = self._speaker
+        return feeds
+
+    def adopt_decoder(self, candidate: Any) -> bool:
+        """Decode with ``candidate`` (an ONNX Runtime session of a rewritten decoder) from now
+        on if, for a calibration sentence, it makes the audio the current decoder makes (to
+        :data:`WINDOW_TOLERANCE` of its peak); else keep the current decoder."""
+        stages = self._stages
+        if stages is None:
+            return False
+        (ids, *_) = self.phoneme_ids(CALIBRATION_SENTENCES[1])
+        sentence = self.sentence(ids, self.scales(1.0))
+        feeds = self._decoder_feeds(self._latent(sentence, 0, self.frames(sentence), None))
+        reference = np.asarray(stages.decoder.run(None, feeds)[0], dtype=np.float32)
+        made = np.asarray(candidate.run(None, feeds)[0], dtype=np.float32)
+        peak = float(np.abs(reference).max())
+        if made.shape != reference.shape or not (
+            np.abs(made - reference).max() <= WINDOW_TOLERANCE * peak
+        ):
+            return False
+        self._stages = dataclasses.replace(stages, decoder=candidate)
+        self.decodes_blocked = True
+        return True
 
     def _latent(
         self, sentence: Sentence, low: int, high: int, flow_context: int | None
@@ -317,10 +348,12 @@ def _least_context(
     return None
 
 
-def load_voice(model: Path, config: Path, onnx_threads: int) -> StagedVoice:
+def load_voice(model: Path, config: Path, onnx_threads: int, blocked: bool = True) -> StagedVoice:
     """The voice, its sessions running ``onnx_threads`` intra-op threads each (Piper's own
     loader gives every session one thread per core: with several workers, more threads than
-    cores); split, its context found and its gain measured (a few sentences' worth of work)."""
+    cores); split, its decoder on blocked kernels where that makes the same audio (``blocked``;
+    False keeps it as exported, for comparison), its context found and its gain measured (a few
+    sentences' worth of work)."""
     try:
         import onnx
         import onnxruntime
@@ -350,8 +383,27 @@ def load_voice(model: Path, config: Path, onnx_threads: int) -> StagedVoice:
     else:
         stages = split.map(lambda part: session(part.SerializeToString()))
         voice = StagedVoice(PiperVoice(session=stages.front, config=piper_config), None, stages)
+        if blocked:
+            _adopt_blocked_decoder(voice, split, session)
     calibrate(voice)
     return voice
+
+
+def _adopt_blocked_decoder(
+    voice: StagedVoice, split: Stages[Any], session: Callable[[bytes], Any]
+) -> None:
+    """The voice's decoder on ONNX Runtime's blocked kernels (:mod:`streamtts.piper.blocked`)
+    where the rewrite applies and makes the same audio; else the decoder as exported."""
+    try:
+        rewritten = blocked_decoder(split.decoder, split.latent_name)
+        if rewritten is None:
+            log.info("Piper voice: nothing in its decoder to run blocked")
+        elif not voice.adopt_decoder(session(rewritten.SerializeToString())):
+            log.warning("Piper voice: its decoder rewritten for blocked kernels differs; unused")
+    except Exception:  # an unexpected graph: the decoder as exported still works
+        log.warning(
+            "Piper voice: its decoder could not be rewritten; it runs as exported", exc_info=True
+        )
 
 
 def calibrate(voice: StagedVoice) -> None:

@@ -153,3 +153,21 @@ def test_first_audio_through_the_compatibility_clients() -> None:
         "fish_new_live",
     ]
     assert all(figures[c]["first_audio_ms_p50"] > 0 for c in clients)
+
+
+def test_piper_stages_compares_the_decoders_in_one_run(tmp_path: Path) -> None:
+    out = tmp_path / "stages.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest.piper_stages", "--rounds", "2", "--json", str(out)],
+        cwd=REPO_DIR, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    assert figures == json.loads(result.stdout)
+    assert figures["rounds"] == 2 and figures["audio_s_per_round"] > 10
+    for key in ("front", "exported_whole", "blocked_whole"):
+        assert 0 < figures[f"{key}_s_per_audio_s"] < 1
+    assert figures["exported_first_window_ms"] > 0 and figures["blocked_first_window_ms"] > 0
+    # The ratios are the medians of the rounds' own ratios (no speed target in a test).
+    assert figures["whole_ratio"] > 0 and figures["first_window_ratio"] > 0
+    assert "round 2/2 (blocked first)" in result.stderr  # progress, alternating

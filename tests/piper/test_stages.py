@@ -38,7 +38,7 @@ def latent_of(voice: StagedVoice, text: str) -> Sentence:
 
 
 def test_the_bundled_voice_is_split_with_a_context_that_windows_match(voice: StagedVoice) -> None:
-    assert voice.splittable and voice.has_flow_stage
+    assert voice.splittable and voice.has_flow_stage and voice.decodes_blocked
     assert voice.context_frames is not None and voice.flow_context_frames is not None
     latent = latent_of(voice, LONG_SENTENCE)
     frames = voice.frames(latent)

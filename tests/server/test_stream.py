@@ -211,3 +211,14 @@ async def test_contexts_on_separate_sockets_run_concurrently(ws_url: str) -> Non
 
     durations = await asyncio.gather(*(one(i) for i in range(3)))
     assert all(2.0 < d < 8.0 for d in durations)
+
+
+async def test_the_server_declines_to_compress_frames(ws_url: str) -> None:
+    """A client offers permessage-deflate by default; audio does not compress, and compressing
+    it would cost the CPU that synthesis runs on, so the server does not accept the offer."""
+    from websockets.asyncio.client import connect
+
+    async with connect(ws_url + "/v1/stream") as ws:
+        assert ws.request is not None and ws.response is not None
+        assert "permessage-deflate" in ws.request.headers.get("Sec-WebSocket-Extensions", "")
+        assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
