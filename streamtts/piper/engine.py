@@ -44,6 +44,7 @@ from streamtts.piper.stages import (
     PiperNotInstalledError,
     Sentence,
     StagedVoice,
+    cost_under_load,
     load_voice,
     run_options,
 )
@@ -147,7 +148,13 @@ class PiperEngine(Engine):
         model, config = self._model_path, self._config_path
         voice = await self._on_worker(functools.partial(load_voice, model, config, threads))
         self._loaded[self._voice_id] = voice
-        self._observe(*voice.measured)  # the cost admission starts from
+        # The cost admission starts from, measured on every worker at once.
+        under_load = functools.partial(cost_under_load, voice, HEAD_FRAMES)
+        workers = self._settings.engine_threads
+        for compute_s, audio_s in await asyncio.gather(
+            *(self._on_worker(under_load) for _ in range(workers))
+        ):
+            self._observe(compute_s, audio_s)
         await self.refresh_voices()
 
     def _observe(self, compute_s: float, audio_s: float) -> None:

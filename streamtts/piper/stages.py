@@ -165,7 +165,6 @@ class StagedVoice:
         self.flow_context_frames: int | None = None  # None: the flow runs whole
         self.gain = 1.0
         self.decodes_blocked = False  # decoding on ONNX Runtime's blocked kernels (blocked.py)
-        self.measured = (0.0, 0.0)  # (compute, audio) seconds of a sentence, by calibrate()
         self._speaker = (
             np.array([config.default_speaker_id], dtype=np.int64)
             if config.num_speakers > 1
@@ -348,6 +347,32 @@ def _least_context(
     return None
 
 
+def cost_under_load(voice: StagedVoice, head_frames: int) -> tuple[float, float]:
+    """(compute, audio) seconds of the calibration sentences made as the engine makes a
+    listener's first sentence: a first window of ``head_frames``, then the rest (whole where
+    the voice cannot be cut). Run on every worker at once, it is the cost admission starts
+    from: a sentence made whole on an idle worker costs ~1.35x less than what the engine
+    learns under load (the windows' context, the workers sharing the cores)."""
+    scales = voice.scales(1.0)
+    compute_s = audio_samples = 0.0
+    for text in CALIBRATION_SENTENCES:
+        for ids in voice.phoneme_ids(text):
+            started_s = time.perf_counter()
+            sentence = voice.sentence(ids, scales)
+            frames = voice.frames(sentence)
+            context = voice.context_frames
+            if context is not None and frames > head_frames + context:
+                parts = [
+                    voice.render(sentence, 0, head_frames),
+                    voice.render(sentence, head_frames),
+                ]
+            else:
+                parts = [voice.render(sentence)]
+            compute_s += time.perf_counter() - started_s
+            audio_samples += sum(part.size for part in parts)
+    return compute_s, audio_samples / voice.sample_rate
+
+
 def load_voice(model: Path, config: Path, onnx_threads: int, blocked: bool = True) -> StagedVoice:
     """The voice, its sessions running ``onnx_threads`` intra-op threads each (Piper's own
     loader gives every session one thread per core: with several workers, more threads than
@@ -408,16 +433,13 @@ def _adopt_blocked_decoder(
 
 def calibrate(voice: StagedVoice) -> None:
     """Find the voice's contexts (on the longest calibration sentence) and its gain (see the
-    module's docstring); :attr:`StagedVoice.measured` is the cost of the last sentence (the
-    sessions warm by then), which admission starts from."""
+    module's docstring); the sessions are warm by then."""
     scales = voice.scales(1.0)
     made: list[tuple[Sentence, PcmF32]] = []
     for text in CALIBRATION_SENTENCES:
         for ids in voice.phoneme_ids(text):
-            started_s = time.perf_counter()
             sentence = voice.sentence(ids, scales)
             made.append((sentence, voice.render(sentence)))
-            voice.measured = (time.perf_counter() - started_s, made[-1][1].size / voice.sample_rate)
     if voice.splittable and made:
         sentence, whole = max(made, key=lambda m: voice.frames(m[0]))
         voice.context_frames, voice.flow_context_frames = find_context_frames(

@@ -12,11 +12,13 @@ from onnx import TensorProto, helper
 from streamtts.piper.engine import HEAD_FRAMES, bundled_voice_paths
 from streamtts.piper.stages import (
     CALIBRATION_PEAK,
+    CALIBRATION_SENTENCES,
     WINDOW_TOLERANCE,
     Sentence,
     StagedVoice,
     Stages,
     calibrate,
+    cost_under_load,
     find_context_frames,
     load_voice,
     run_options,
@@ -137,7 +139,7 @@ def test_a_voice_that_runs_whole_speaks_calibrated_with_no_windows(voice: Staged
     plain = StagedVoice(voice.piper_voice, whole, None)
     calibrate(plain)
     assert not plain.splittable and not plain.has_flow_stage and plain.context_frames is None
-    assert 0.5 < plain.gain < 10 and plain.measured[1] > 0
+    assert 0.5 < plain.gain < 10
     audio = plain.render(latent_of(plain, LONG_SENTENCE))
     assert audio.ndim == 1 and audio.size > plain.sample_rate  # over a second of it
     assert plain.frames(latent_of(plain, LONG_SENTENCE)) == 0  # nothing to window
@@ -152,3 +154,17 @@ def test_terminated_run_options_stop_a_sentence_s_runs(voice: StagedVoice) -> No
     options.terminate = True
     with pytest.raises(Exception, match="(?i)terminat"):
         voice.render(sentence, HEAD_FRAMES)
+
+
+def test_the_start_up_cost_is_the_engine_s_way_of_making_a_first_sentence(
+    voice: StagedVoice,
+) -> None:
+    """A first window, then the rest: the audio of each calibration sentence, whole."""
+    compute_s, audio_s = cost_under_load(voice, HEAD_FRAMES)
+    assert compute_s > 0
+    sentences = [ids for text in CALIBRATION_SENTENCES for ids in voice.phoneme_ids(text)]
+    frames = [voice.frames(voice.sentence(ids, voice.scales(1.0))) for ids in sentences]
+    # Durations are drawn, so each sentence's length varies a little from draw to draw.
+    expected_s = sum(frames) * voice.hop_samples / voice.sample_rate
+    assert audio_s == pytest.approx(expected_s, rel=0.25)
+    assert any(f > HEAD_FRAMES + (voice.context_frames or 0) for f in frames)  # some cut
