@@ -336,6 +336,27 @@ class TextSegmenter:
         self._first = True
         self._forced_at_ms = float("-inf")
 
+    def likely_next(self) -> str | None:
+        """The segment :meth:`push` will return next if the text that follows confirms the
+        sentence end that the buffered text ends with (an ordinary sentence coming next: a
+        space, then a capital letter) — so that speech can start while that text is on its
+        way. None when the buffer does not end with a sentence end, or ends with one that an
+        ordinary sentence after it would not confirm (an abbreviation, an initial, a short
+        sentence merged with the next), or with a period after a digit (``3.`` is more often
+        ``3.14``) or an ellipsis. Chunking invariance is untouched: this only looks ahead."""
+        text = self._buf.rstrip()
+        if not text or text.rstrip("".join(CLOSERS))[-1:] not in SENTENCE_TERMINATORS:
+            return None
+        run = text.rstrip("".join(CLOSERS))
+        if run.endswith(".") and len(run) > 1 and run[-2].isdigit():
+            return None
+        if run.endswith(("..", "…")):
+            return None  # a trailing-off more often goes on in lowercase ("Well... maybe")
+        if self._cut_of(text + " A", final=False) != len(text):
+            return None
+        piece = _normalise(text)
+        return piece if _has_text(piece) else None
+
     @property
     def buffered_text(self) -> str:
         """The text received but not emitted yet (each whitespace run as one space or line
@@ -391,7 +412,10 @@ class TextSegmenter:
     def _next_cut(self, final: bool) -> int | None:
         """End index of the next segment in ``_buf`` (which starts with non-space), or None
         when it cannot be decided without more text."""
-        buf = self._buf
+        return self._cut_of(self._buf, final)
+
+    def _cut_of(self, buf: str, final: bool) -> int | None:
+        """:meth:`_next_cut` of ``buf`` as the buffer."""
         n = len(buf)
         opts = self.options
         limit = opts.max_segment_chars  # the segment is buf[:end] with end ≤ limit

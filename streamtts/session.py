@@ -69,6 +69,16 @@ class QueueSegment:
 
 
 @dataclass(frozen=True)
+class PrepareSegment:
+    """This text is likely the context's next segment (the sentence end it ends with waits for
+    the text after it): the engine may start on it now, if nothing is queued for the context.
+    A hint only: what is spoken is decided by the ``QueueSegment`` effects."""
+
+    context: str
+    text: str
+
+
+@dataclass(frozen=True)
 class QueueFlushMark:
     """Send ``flushed`` once all audio queued before this mark has been sent."""
 
@@ -89,7 +99,9 @@ class CancelContext:
     context: str
 
 
-Effect = Send | OpenContext | QueueSegment | QueueFlushMark | QueueEnd | CancelContext
+Effect = (
+    Send | OpenContext | QueueSegment | PrepareSegment | QueueFlushMark | QueueEnd | CancelContext
+)
 
 
 class Phase(Enum):
@@ -103,6 +115,7 @@ class _Context:
     segmenter: TextSegmenter
     phase: Phase = Phase.OPEN
     text_chars: int = 0
+    prepared: str | None = None  # the last PrepareSegment's text
 
 
 class VoiceNames(Protocol):
@@ -228,7 +241,12 @@ class Session:
                 ctx.id,
             )
         ctx.text_chars += len(text)
-        return _queue(ctx.id, ctx.segmenter.push(text, now_ms))
+        effects = _queue(ctx.id, ctx.segmenter.push(text, now_ms))
+        likely = ctx.segmenter.likely_next()
+        if likely is not None and likely != ctx.prepared:
+            effects.append(PrepareSegment(ctx.id, likely))
+        ctx.prepared = likely
+        return effects
 
 
 def _queue(context: str, segments: list[str]) -> list[Effect]:

@@ -125,6 +125,7 @@ class FakeStream(EngineStream):
         self.cancelled = threading.Event()
         self.closed = False
         self.segments: list[str] = []
+        self.prepared: list[str] = []  # the texts it was told are likely next
         self.stats = StreamStats()
         # time.monotonic() of each chunk handed out, and of the cancel (the barge-in tests)
         self.chunk_times: list[float] = []
@@ -149,6 +150,9 @@ class FakeStream(EngineStream):
             self.chunk_times.append(time.monotonic())
             yield piece
         self.stats.segments += 1
+
+    def prepare(self, text: str) -> None:
+        self.prepared.append(text)
 
     def cancel(self) -> None:
         if self.cancelled_at is None:

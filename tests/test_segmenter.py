@@ -513,3 +513,42 @@ def test_pathological_input_costs_linear_time(unit: str) -> None:
     elapsed_s = time.perf_counter() - started_s
     assert elapsed_s < 10.0  # ~0.1-2 s here; a quadratic rescan takes minutes
     assert all(len(s) <= DEFAULTS.max_segment_chars for s in whole + streamed)
+
+
+def test_a_likely_sentence_end_is_named_before_the_text_after_it_confirms_it() -> None:
+    seg = TextSegmenter()
+    assert seg.push("Sure, I can help with that.", 0.0) == []  # waits for what follows
+    assert seg.likely_next() == "Sure, I can help with that."
+    assert seg.push(" The train", 10.0) == ["Sure, I can help with that."]  # confirmed
+    assert seg.likely_next() is None
+
+
+def test_what_an_ordinary_sentence_after_it_would_not_end_is_not_likely() -> None:
+    for text in ("It costs 3.", "Ask Dr.", "U.S.", "Well...", "Sure, I can", "That was:"):
+        seg = TextSegmenter()
+        assert seg.push(text, 0.0) == []
+        assert seg.likely_next() is None, text
+    seg = TextSegmenter()  # a later sentence shorter than min_segment_chars is merged
+    assert seg.push("The first sentence is long. ", 0.0) == []
+    assert seg.push("Ok.", 1.0) == ["The first sentence is long."]
+    assert seg.likely_next() is None
+
+
+@given(pieces=text_and_cuts(realistic_text()), options=OPTIONS)
+@settings(max_examples=300, deadline=None)
+def test_a_likely_segment_is_what_an_ordinary_sentence_after_it_confirms(
+    pieces: list[str], options: SegmenterOptions
+) -> None:
+    """Wherever a next segment is named, text going on with a new sentence emits exactly it
+    (what a prepared segment is checked against)."""
+    seg = TextSegmenter(options)
+    for index, piece in enumerate(pieces):
+        seg.push(piece, 0.0)
+        likely = seg.likely_next()
+        if likely is not None:
+            probe = TextSegmenter(options)
+            probe.push("".join(pieces[: index + 1]), 0.0)  # the same text in one piece
+            assert probe.likely_next() == likely  # chunking does not change it
+            emitted = seg.push(" And so on", 1.0)
+            assert emitted[:1] == [likely]
+            break

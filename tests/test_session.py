@@ -21,6 +21,7 @@ from streamtts.session import (
     CancelContext,
     Effect,
     OpenContext,
+    PrepareSegment,
     QueueEnd,
     QueueFlushMark,
     QueueSegment,
@@ -90,6 +91,25 @@ def test_complete_sentences_are_queued_without_flush() -> None:
     session.handle(StartMessage("c"), NOW)
     effects = session.handle(TextMessage("c", "This sentence is long enough to go. And"), NOW)
     assert effects == [QueueSegment("c", "This sentence is long enough to go.")]
+
+
+def test_a_likely_next_segment_is_prepared_once_before_it_is_queued() -> None:
+    session = make_session()
+    session.handle(StartMessage("c"), NOW)
+    assert session.handle(TextMessage("c", "Sure, I can help with that"), NOW) == []
+    sentence = "Sure, I can help with that."
+    assert session.handle(TextMessage("c", "."), NOW) == [PrepareSegment("c", sentence)]
+    assert session.handle(TextMessage("c", " "), NOW) == []  # the same: not again
+    assert session.handle(TextMessage("c", "The"), NOW) == [QueueSegment("c", sentence)]
+    # Refuted: a lowercase word goes on with the sentence; nothing is queued for it.
+    assert session.handle(TextMessage("c", " train is late."), NOW) == [
+        PrepareSegment("c", "The train is late.")
+    ]
+    assert session.handle(TextMessage("c", " and"), NOW) == []
+    assert session.handle(FlushMessage("c"), NOW) == [
+        QueueSegment("c", "The train is late. and"),
+        QueueFlushMark("c"),
+    ]
 
 
 def test_cancel_removes_the_context_at_once_and_frees_the_id() -> None:
@@ -204,7 +224,7 @@ def test_random_message_orders_keep_the_session_consistent(steps: list[object]) 
             elif isinstance(effect, CancelContext):
                 assert effect.context in open_ids
                 open_ids.discard(effect.context)
-            elif isinstance(effect, QueueSegment | QueueFlushMark | QueueEnd):
+            elif isinstance(effect, QueueSegment | PrepareSegment | QueueFlushMark | QueueEnd):
                 assert effect.context in open_ids
             else:
                 assert isinstance(effect, Send) and effect.message["type"] == "error"

@@ -152,6 +152,14 @@ class EngineStream(abc.ABC):
         stops (returns) at the next chunk boundary without raising.
         """
 
+    def prepare(self, text: str) -> None:
+        """A hint that ``text`` is likely the next segment: an engine may start on it now (a
+        sentence whose end waits for the text after it), so that its audio is ready sooner
+        when ``synthesize(text)`` comes. What ``synthesize`` yields must not depend on
+        whether it did; work on a prepared text that is not synthesised next is dropped.
+        Called only while no ``synthesize`` runs. By default, nothing."""
+        return None
+
     @abc.abstractmethod
     def cancel(self) -> None:
         """Stop all work for this stream as soon as possible (barge-in). Idempotent."""

@@ -247,19 +247,44 @@ class _PiperStream(EngineStream):
         self._cancelled = threading.Event()
         self._run_options = run_options()  # terminated on cancel: a running job stops at once
         self._handoff: PcmHandoff | None = None
+        self._prepared: tuple[str, _Job] | None = None  # (segment, the job on its first piece)
         self.clock = PlaybackClock()
         self.stats = StreamStats()
 
+    def prepare(self, text: str) -> None:
+        """The likely next segment's first piece goes to the workers now; its audio waits in
+        its job's hand-off for :meth:`synthesize` (a job for another text is dropped)."""
+        if self._cancelled.is_set():
+            return
+        if self._prepared is not None:
+            if self._prepared[0] == text:
+                return
+            self._prepared[1].drop()
+        pieces = job_pieces(text, self._max_job_chars)
+        self._prepared = (text, self._submit(pieces[0], run_options())) if pieces else None
+
+    def _submit(self, piece: str, options: Any) -> _Job:
+        """A job making ``piece``, queued by its listener's deadline."""
+        now_s = time.perf_counter()
+        deadline_s = self.clock.deadline_s(now_s, self._scheduling)
+        job = _Job(piece, PcmHandoff(), self.clock.runs_out_s or now_s, options)
+        self._workers.submit(deadline_s, functools.partial(self._start, job))
+        return job
+
     async def synthesize(self, text: str) -> AsyncIterator[PcmF32]:
-        for piece in job_pieces(text, self._max_job_chars):
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] != text:
+            prepared[1].drop()
+            prepared = None
+        for index, piece in enumerate(job_pieces(text, self._max_job_chars)):
             if self._cancelled.is_set():
                 return
-            handoff = PcmHandoff()
+            if index == 0 and prepared is not None:
+                job = prepared[1]
+            else:
+                job = self._submit(piece, self._run_options)
+            handoff = job.handoff
             self._handoff = handoff
-            now_s = time.perf_counter()
-            deadline_s = self.clock.deadline_s(now_s, self._scheduling)
-            job = _Job(piece, handoff, runs_out_s=self.clock.runs_out_s or now_s)
-            self._workers.submit(deadline_s, functools.partial(self._start, job))
             complete = False
             try:
                 async for pcm in handoff.chunks(self.stats, "Piper"):
@@ -284,8 +309,8 @@ class _PiperStream(EngineStream):
         head_frames = 0
         try:
             sentences = self._voice.phoneme_ids(job.text)
-            if sentences and not self._cancelled.is_set():
-                latent = self._voice.sentence(sentences[0], self._scales, self._run_options)
+            if sentences and not job.stopped(self._cancelled):
+                latent = self._voice.sentence(sentences[0], self._scales, job.run_options)
                 head_frames = self._head_frames(latent, job.runs_out_s)
             if latent is not None and head_frames:
                 head = self._post(job, self._voice.render(latent, 0, head_frames))
@@ -334,26 +359,26 @@ class _PiperStream(EngineStream):
         ``sentences``), then its end and its cost."""
         job.restart_clock()
         try:
-            if latent is not None and not self._cancelled.is_set():
+            if latent is not None and not job.stopped(self._cancelled):
                 self._post(job, self._voice.render(latent, start_frame))
             for ids in sentences or []:
-                if self._cancelled.is_set():
+                if job.stopped(self._cancelled):
                     break
                 self._post(
                     job,
-                    self._voice.render(self._voice.sentence(ids, self._scales, self._run_options)),
+                    self._voice.render(self._voice.sentence(ids, self._scales, job.run_options)),
                 )
         except Exception as exc:  # reported to the awaiting coroutine, not swallowed
             job.handoff.post(exc)
         finally:
             job.add_compute()
             self.stats.compute_s += job.compute_s
-            if job.samples and not self._cancelled.is_set():
+            if job.samples and not job.stopped(self._cancelled):
                 self._engine._observe(job.compute_s, job.samples / self.sample_rate)
             job.handoff.end()
 
     def _post(self, job: _Job, raw: PcmF32) -> int:
-        if self._cancelled.is_set() or raw.size == 0:
+        if job.stopped(self._cancelled) or raw.size == 0:
             return 0
         job.samples += raw.size
         job.handoff.post(self._voice.scaled(raw))
@@ -362,6 +387,9 @@ class _PiperStream(EngineStream):
     def cancel(self) -> None:
         self._cancelled.set()
         self._run_options.terminate = True  # a run in progress raises; nobody awaits it
+        if self._prepared is not None:
+            self._prepared[1].drop()
+            self._prepared = None
         if self._handoff is not None:
             self._handoff.stop()  # the coroutine waiting for audio returns at once
 
@@ -373,13 +401,24 @@ class _PiperStream(EngineStream):
 class _Job:
     """One piece of a segment, made by one or two worker calls."""
 
-    def __init__(self, text: str, handoff: PcmHandoff, runs_out_s: float) -> None:
+    def __init__(self, text: str, handoff: PcmHandoff, runs_out_s: float, options: Any) -> None:
         self.text = text
         self.handoff = handoff
         self.runs_out_s = runs_out_s  # when its listener runs out of audio made before it
+        # The runs' options: the stream's (a cancel terminates them), or a prepared job's own.
+        self.run_options = options
         self.samples = 0
         self.compute_s = 0.0
         self._since_s = time.perf_counter()
+        self._dropped = False
+
+    def drop(self) -> None:
+        """A prepared job whose segment did not come: it stops, and nobody hears it."""
+        self._dropped = True
+        self.run_options.terminate = True
+
+    def stopped(self, cancelled: threading.Event) -> bool:
+        return self._dropped or cancelled.is_set()
 
     def restart_clock(self) -> None:
         self._since_s = time.perf_counter()

@@ -24,12 +24,13 @@ from streamtts.server.state import AppState
 from streamtts.session import (
     CancelContext,
     OpenContext,
+    PrepareSegment,
     QueueEnd,
     QueueFlushMark,
     QueueSegment,
 )
 
-HostEffect = OpenContext | QueueSegment | QueueFlushMark | QueueEnd | CancelContext
+HostEffect = OpenContext | QueueSegment | PrepareSegment | QueueFlushMark | QueueEnd | CancelContext
 
 
 class AudioBuffer(Protocol):
@@ -86,6 +87,8 @@ class ContextHost:
                 continue  # the context was refused (its error is sent) or has ended
             if isinstance(effect, QueueSegment):
                 runner.queue_segment(effect.text)
+            elif isinstance(effect, PrepareSegment):
+                runner.prepare_segment(effect.text)
             elif isinstance(effect, QueueFlushMark):
                 runner.queue_flush_mark()
             else:

@@ -121,6 +121,12 @@ class ContextRunner:
             self._first_queued_s = now
         self._queue.put_nowait(_Segment(text, now))
 
+    def prepare_segment(self, text: str) -> None:
+        """``text`` is likely the next segment: the engine may start on it, if the context
+        has nothing queued or being spoken (its listener waits in silence)."""
+        if not self.busy and not self._finished:
+            self._stream.prepare(text)
+
     def queue_flush_mark(self) -> None:
         self._queue.put_nowait(_FlushMark())
 

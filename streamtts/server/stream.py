@@ -44,6 +44,7 @@ from streamtts.session import (
     CancelContext,
     Effect,
     OpenContext,
+    PrepareSegment,
     QueueEnd,
     QueueFlushMark,
     QueueSegment,
@@ -215,6 +216,8 @@ class StreamSocket:
                 await self._open(effect)
             elif isinstance(effect, QueueSegment):
                 self._runner(effect.context).queue_segment(effect.text)
+            elif isinstance(effect, PrepareSegment):
+                self._runner(effect.context).prepare_segment(effect.text)
             elif isinstance(effect, QueueFlushMark):
                 self._runner(effect.context).queue_flush_mark()
             elif isinstance(effect, QueueEnd):

@@ -56,6 +56,7 @@ from streamtts.session import (
     CancelContext,
     Effect,
     OpenContext,
+    PrepareSegment,
     QueueEnd,
     QueueFlushMark,
     QueueSegment,
@@ -82,7 +83,15 @@ class CloseConnection:
     """Close once everything sent before is written."""
 
 
-Action = SendEvent | CloseConnection | OpenContext | QueueSegment | QueueEnd | CancelContext
+Action = (
+    SendEvent
+    | CloseConnection
+    | OpenContext
+    | QueueSegment
+    | PrepareSegment
+    | QueueEnd
+    | CancelContext
+)
 
 
 class Mode(Enum):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -125,3 +126,51 @@ async def test_audio_made_before_a_cancel_is_not_yielded_after_it(engine: PiperE
         stream.cancel()
     assert len(received) == 1
     assert stream.stats.segments == 0
+
+
+def count_starts(stream: _PiperStream) -> list[str]:
+    """The pieces the stream's jobs start on, as they start (a spy on the worker call)."""
+    started: list[str] = []
+    start = stream._start
+
+    def spy(job: Any) -> None:
+        started.append(job.text)
+        start(job)
+
+    stream._start = spy  # type: ignore[method-assign]
+    return started
+
+
+async def test_a_prepared_segment_is_made_once_and_spoken_when_it_comes(
+    engine: PiperEngine,
+) -> None:
+    stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+    assert isinstance(stream, _PiperStream)
+    started = count_starts(stream)
+    stream.prepare(TEXT)
+    stream.prepare(TEXT)  # the same hint again: nothing more
+    audio = [pcm async for pcm in stream.synthesize(TEXT)]
+    stream.close()
+    assert started == [TEXT]  # the prepared job was the segment's job
+    assert sum(pcm.size for pcm in audio) > engine.sample_rate  # all of it: over a second
+    assert stream.stats.segments == 1
+
+
+async def test_a_prepared_segment_that_does_not_come_is_dropped(engine: PiperEngine) -> None:
+    stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+    assert isinstance(stream, _PiperStream)
+    started = count_starts(stream)
+    stream.prepare(TEXT)
+    prepared = stream._prepared
+    assert prepared is not None
+    other = "Something else entirely."
+    audio = [pcm async for pcm in stream.synthesize(other)]
+    assert prepared[1].stopped(stream._cancelled)  # dropped: nobody hears it
+    assert started[-1] == other and TEXT in started
+    # Only the other text was spoken: a short sentence, shorter than TEXT's nine words.
+    assert 0 < sum(pcm.size for pcm in audio) < 2.2 * engine.sample_rate
+    stream.prepare("And then this.")
+    dropped = stream._prepared
+    stream.close()  # a cancel drops a prepared job too
+    assert dropped is not None and dropped[1].run_options.terminate  # its own runs stop
+    assert stream._prepared is None

@@ -102,6 +102,21 @@ async def test_segments_marks_and_end_come_in_order_with_stats() -> None:
     assert not runner.busy
 
 
+async def test_a_likely_segment_is_prepared_only_while_its_listener_waits() -> None:
+    wire = Wire()
+    runner, stream = runner_for(wire, FakeEngine(rate_hz=RATE_HZ, chunk_delay_s=0.01))
+    runner.prepare_segment("Hello there.")  # nothing queued: the engine may start on it
+    runner.queue_segment("Hello there.")
+    runner.prepare_segment("Bye now.")  # the first is being spoken: no hint
+    runner.queue_segment("Bye now.")
+    runner.queue_end()
+    await wait_done(wire)
+    assert stream.prepared == ["Hello there."]
+    assert stream.segments == ["Hello there.", "Bye now."]
+    runner.prepare_segment("Too late.")  # finished: nothing
+    assert stream.prepared == ["Hello there."]
+
+
 async def test_cancel_stops_the_engine_and_sends_one_done() -> None:
     engine = FakeEngine(rate_hz=RATE_HZ, chunk_delay_s=0.05)
     wire = Wire()
