@@ -246,7 +246,7 @@ class _PiperStream(EngineStream):
         self._scales = voice.scales(1.0 if options.speed is None else options.speed)
         self._cancelled = threading.Event()
         self._run_options = run_options()  # terminated on cancel: a running job stops at once
-        self._handoff: PcmHandoff | None = None
+        self._job: _Job | None = None  # the piece being spoken
         self._prepared: tuple[str, _Job] | None = None  # (segment, the job on its first piece)
         self.clock = PlaybackClock()
         self.stats = StreamStats()
@@ -284,7 +284,7 @@ class _PiperStream(EngineStream):
             else:
                 job = self._submit(piece, self._run_options)
             handoff = job.handoff
-            self._handoff = handoff
+            self._job = job
             complete = False
             try:
                 async for pcm in handoff.chunks(self.stats, "Piper"):
@@ -390,8 +390,9 @@ class _PiperStream(EngineStream):
         if self._prepared is not None:
             self._prepared[1].drop()
             self._prepared = None
-        if self._handoff is not None:
-            self._handoff.stop()  # the coroutine waiting for audio returns at once
+        if self._job is not None:
+            self._job.drop()  # a prepared job runs with options of its own: they stop too
+            self._job.handoff.stop()  # the coroutine waiting for audio returns at once
 
     def close(self) -> None:
         self.cancel()

@@ -117,7 +117,7 @@ async def test_audio_made_before_a_cancel_is_not_yielded_after_it(engine: PiperE
     received = []
     async for pcm in stream.synthesize(TEXT):
         received.append(pcm.size)
-        handoff = stream._handoff
+        handoff = None if stream._job is None else stream._job.handoff
         assert handoff is not None
         deadline_s = time.monotonic() + 30
         while handoff._queue.qsize() < 2 and time.monotonic() < deadline_s:
@@ -174,3 +174,19 @@ async def test_a_prepared_segment_that_does_not_come_is_dropped(engine: PiperEng
     stream.close()  # a cancel drops a prepared job too
     assert dropped is not None and dropped[1].run_options.terminate  # its own runs stop
     assert stream._prepared is None
+
+
+async def test_a_cancel_stops_the_runs_of_a_prepared_segment_being_spoken(
+    engine: PiperEngine,
+) -> None:
+    """A prepared job runs with options of its own; barge-in must stop its runs too, or the
+    rest of its sentence would hold a worker after the cancel."""
+    stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+    assert isinstance(stream, _PiperStream)
+    stream.prepare(TEXT)
+    prepared = stream._prepared
+    assert prepared is not None and not prepared[1].run_options.terminate
+    async for _ in stream.synthesize(TEXT):
+        stream.cancel()
+    assert prepared[1].run_options.terminate
+    stream.close()
