@@ -5,7 +5,9 @@ Synthesis runs on worker threads that take jobs earliest deadline first
 (:mod:`streamtts.piper.workers`, :mod:`streamtts.scheduling`); a segment is cut into jobs of at
 most ``piper_max_job_chars`` at clause boundaries, and a job's first sentence is decoded in a
 first window where its listener would otherwise run out of audio first
-(:mod:`streamtts.piper.stages`, :func:`streamtts.scheduling.first_window_s`). Each ONNX Runtime
+(:mod:`streamtts.piper.stages`, :func:`streamtts.scheduling.first_window_s`); a segment the
+session names as likely next (:meth:`EngineStream.prepare`) gets its first job at once, with
+run options of its own so that it can be dropped alone. Each ONNX Runtime
 session runs ``piper_onnx_threads`` intra-op threads, so workers × threads stay within the
 cores (more measured slower: docs/operations.md). The engine learns its cost per audio second
 as it runs, for admission by capacity.
@@ -414,7 +416,8 @@ class _Job:
         self._dropped = False
 
     def drop(self) -> None:
-        """A prepared job whose segment did not come: it stops, and nobody hears it."""
+        """Stop the job (a prepared job whose segment did not come, or a cancel): its runs
+        stop, and nobody hears the rest of it."""
         self._dropped = True
         self.run_options.terminate = True
 
