@@ -345,9 +345,9 @@ class TextSegmenter:
         sentence merged with the next), or with a period after a digit (``3.`` is more often
         ``3.14``) or an ellipsis. Chunking invariance is untouched: this only looks ahead."""
         text = self._buf.rstrip()
-        if not text or text.rstrip("".join(CLOSERS))[-1:] not in SENTENCE_TERMINATORS:
+        run = text.rstrip("".join(CLOSERS))  # the text up to its terminators
+        if run[-1:] not in SENTENCE_TERMINATORS:
             return None
-        run = text.rstrip("".join(CLOSERS))
         if run.endswith(".") and len(run) > 1 and run[-2].isdigit():
             return None
         if run.endswith(("..", "…")):

@@ -132,17 +132,18 @@ class _Rewrite:
         if not any(name in self.region or name in self.lowered for name in node.input):
             self.nodes.append(node)
             return
-        lifted = [self._lift_lowered(name) for name in node.input if name in self.lowered]
+        for name in node.input:
+            if name in self.lowered:
+                self._lift_lowered(name)
         if self._convert(node):
             self.converted += 1
             return
         for name in node.input:
-            if name not in lifted:
-                self._squeeze_back(name)
+            self._squeeze_back(name)  # a lifted tensor's 3-D form is there already
         self.lowered.update(node.output)
         self.nodes.append(node)
 
-    def _lift_lowered(self, name: str) -> str:
+    def _lift_lowered(self, name: str) -> None:
         """A 3-D tensor of the path (made by a node we did not rewrite) in 4-D too, where its
         rank is known to be 3."""
         dims = self.dims.get(name)
@@ -150,8 +151,7 @@ class _Rewrite:
             lifted = self._fresh("lifted")
             self.nodes.append(self._axes_node("Unsqueeze", name, lifted))
             self.region[name] = _Region(lifted, dims[1], self._fresh("length"))
-            self.squeezed.add(name)  # its 3-D form is there already
-        return name
+            self.squeezed.add(name)
 
     def _squeeze_back(self, name: str) -> None:
         region = self.region.get(name)
@@ -193,6 +193,8 @@ class _Rewrite:
         op = node.op_type
         if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
             return False
+        if not any(name in self.region for name in node.input):
+            return False  # its inputs on the path are 3-D tensors that could not be lifted
         if op == "Conv":
             return self._conv(node)
         if op == "ConvTranspose":

@@ -202,3 +202,41 @@ def test_a_voice_adopts_a_rewritten_decoder_only_if_it_makes_the_same_audio(
     assert rewritten is not None
     assert plain_voice.adopt_decoder(session(rewritten))
     assert plain_voice.decodes_blocked
+
+
+def test_a_tensor_of_unknown_rank_on_the_path_stays_as_it_is() -> None:
+    """An operator whose output's rank shape inference cannot tell (a reshape to a shape given
+    at run time) leaves the path in 3-D: what follows it runs unchanged, not rewritten."""
+    rng = np.random.default_rng(1)
+    weights = [
+        numpy_helper.from_array(conv_weight(rng, 16, 8, 3), "w1"),
+        numpy_helper.from_array(conv_weight(rng, 8, 16, 3), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["z", "w1"], ["a"], pads=[1, 1]),
+        helper.make_node("Reshape", ["a", "shape"], ["b"]),
+        helper.make_node("LeakyRelu", ["b"], ["c"], alpha=0.1),
+        helper.make_node("Conv", ["c", "w2"], ["out"], pads=[1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "unknown-rank",
+        [
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, "frames"]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, ["rank"]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8, "frames"])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    rewritten = blocked_decoder(model, "z")
+    assert rewritten is not None  # the first convolution is
+    kinds = [n.op_type for n in rewritten.graph.node]
+    assert kinds.count("LeakyRelu") == 1 and kinds.count("Conv") == 2  # the rest as it was
+    feeds = {
+        "z": rng.normal(size=(1, 8, 21)).astype(np.float32),
+        "shape": np.array([1, 16, 21], np.int64),
+    }
+    (reference,) = session(model).run(None, feeds)
+    (made,) = session(rewritten).run(None, feeds)
+    np.testing.assert_allclose(made, reference, rtol=0, atol=1e-5)
