@@ -50,6 +50,10 @@ CALIBRATION_SENTENCES = (
     "Absolutely fantastic news, congratulations!",
 )
 CALIBRATION_PEAK = 0.95
+# Contexts are found on this many noise draws of a sentence and the largest kept: one draw can
+# match with a smaller context by luck (the flow's 16 frames in about 1 load of 15, after which
+# windows of other draws missed the tolerance in 16 of 30; with 32, none in 20).
+CONTEXT_DRAWS = 3
 # A window must equal the whole decode to this fraction of the whole's peak (differences
 # measured: 2e-6 of it, from the kernels' blocking; a missing context gives 1e-2 and more).
 WINDOW_TOLERANCE = 1e-5
@@ -432,20 +436,29 @@ def _adopt_blocked_decoder(
 
 
 def calibrate(voice: StagedVoice) -> None:
-    """Find the voice's contexts (on the longest calibration sentence) and its gain (see the
-    module's docstring); the sessions are warm by then."""
+    """Find the voice's contexts (on :data:`CONTEXT_DRAWS` draws of the longest calibration
+    sentence) and its gain (see the module's docstring); the sessions are warm by then."""
     scales = voice.scales(1.0)
-    made: list[tuple[Sentence, PcmF32]] = []
+    made: list[tuple[list[int], Sentence, PcmF32]] = []
     for text in CALIBRATION_SENTENCES:
         for ids in voice.phoneme_ids(text):
             sentence = voice.sentence(ids, scales)
-            made.append((sentence, voice.render(sentence)))
+            made.append((ids, sentence, voice.render(sentence)))
     if voice.splittable and made:
-        sentence, whole = max(made, key=lambda m: voice.frames(m[0]))
-        voice.context_frames, voice.flow_context_frames = find_context_frames(
-            voice, sentence, whole
-        )
+        ids, sentence, whole = max(made, key=lambda m: voice.frames(m[1]))
+        draws = [(sentence, whole)]
+        for _ in range(CONTEXT_DRAWS - 1):
+            sentence = voice.sentence(ids, scales)
+            draws.append((sentence, voice.render(sentence)))
+        found = [find_context_frames(voice, sentence, whole) for sentence, whole in draws]
+        voice.context_frames = _largest([decoder for decoder, _ in found])
+        voice.flow_context_frames = _largest([flow for _, flow in found])
         if voice.context_frames is None:
             log.warning("Piper voice: windows of its decoder do not match; it decodes whole")
-    loudest = max((float(np.abs(whole).max()) for _, whole in made), default=0.0)
+    loudest = max((float(np.abs(whole).max()) for _, _, whole in made), default=0.0)
     voice.gain = CALIBRATION_PEAK / loudest if loudest > 1e-6 else 1.0
+
+
+def _largest(contexts: list[int | None]) -> int | None:
+    """The context every draw matched with (None where one matched with none)."""
+    return None if any(c is None for c in contexts) else max(c for c in contexts if c is not None)

@@ -168,3 +168,22 @@ def test_the_start_up_cost_is_the_engine_s_way_of_making_a_first_sentence(
     expected_s = sum(frames) * voice.hop_samples / voice.sample_rate
     assert audio_s == pytest.approx(expected_s, rel=0.25)
     assert any(f > HEAD_FRAMES + (voice.context_frames or 0) for f in frames)  # some cut
+
+
+def test_contexts_are_the_largest_any_draw_needs(
+    voice: StagedVoice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One noise draw can match with a smaller context than others need: calibration keeps the
+    largest over its draws, and none where a draw matched with none."""
+    from streamtts.piper import stages
+
+    found = iter([(16, 16), (16, 32), (16, 16)])
+    monkeypatch.setattr(stages, "find_context_frames", lambda *_: next(found))
+    calibrate(voice)
+    assert (voice.context_frames, voice.flow_context_frames) == (16, 32)
+    found = iter([(16, 32), (None, None), (16, 32)])
+    calibrate(voice)
+    assert voice.context_frames is None and voice.flow_context_frames is None
+    monkeypatch.undo()
+    calibrate(voice)  # as found for real again, for the module's other tests
+    assert voice.context_frames is not None
