@@ -7,7 +7,8 @@ The stages run on the engine's model thread through :meth:`FishEngine.profile`; 
 uses the engine's public API. The roofline: the bytes of weights a
 decode step must read (slow layers and head once, fast layers once per codebook position)
 divided by this machine's measured memory bandwidth, against the measured step time — for the
-whole step, the slow step and the codebook pass each (``*_roofline_fraction``). First audio is
+whole step, the slow step and the codebook pass each (``*_roofline_fraction``), each time paired
+with the bandwidth measured just before it (:func:`batch1_rounds`). First audio is
 also given in decode steps of one stream (``ttfa_steps``), and with ``--first-chunk-frames``
 for other first chunks in the same run; ``--profile`` adds the codebook pass op by op.
 """
@@ -43,7 +44,9 @@ from streamtts.opprofile import op_profile
 
 SENTENCE_60_CHARS = "The weather is lovely today, so let us walk down to the sea."
 BANDWIDTH_BYTES = 1 << 30
-BANDWIDTH_PASSES = 9
+BANDWIDTH_PASSES = 3  # sums per bandwidth measurement (median)
+# Batch-1 rounds, each timing the stages right after measuring the bandwidth (see batch1_rounds)
+ROOFLINE_ROUNDS = 5
 KV_POSITION = 256  # decode steps are timed with this many cached positions
 LONG_KV_POSITION = 2048  # ... and the slow step once more, as deep into a conversation
 
@@ -83,15 +86,62 @@ def _sync(device: torch.device) -> None:
 
 
 def memory_bandwidth_gb_s(device: torch.device) -> float:
-    """Read bandwidth: summing a 1 GiB tensor, far beyond any cache (median of 9 passes)."""
+    """Read bandwidth: summing a 1 GiB tensor, far beyond any cache (median of 3 passes)."""
     x = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32, device=device)
     ms = median_ms(lambda: x.sum(), BANDWIDTH_PASSES, device)
     return BANDWIDTH_BYTES / (ms / 1000) / 1e9
 
 
+# Batch-1 stage → (its figure's name, its part of weight_bytes_per_step)
+ROOFLINE_STAGES = {
+    "step": ("step_ms_b1", "total"),
+    "slow_step": ("slow_step_ms_b1", "slow"),
+    "codebook_pass": ("fast_ms_b1", "fast"),
+}
+
+
+def batch1_rounds(
+    stages: StageBench, weights: dict[str, int], rounds: int = ROOFLINE_ROUNDS
+) -> dict[str, Any]:
+    """The batch-1 stages against the memory roofline, in ``rounds`` rounds.
+
+    Each round measures the bandwidth, then times the slow step, the codebook pass and the
+    whole step right after it, so each roofline fraction (weight bytes / that bandwidth, over
+    the stage's time) pairs two measurements seconds apart: this shared host's bandwidth swings
+    2x within minutes, which a single bandwidth figure set against stage times taken a minute
+    earlier turns into noise. Times, bandwidth and fractions are medians over the rounds; each
+    fraction's range over the rounds is given too.
+    """
+    bandwidths: list[float] = []
+    times: dict[str, list[float]] = {stage: [] for stage in ROOFLINE_STAGES}
+    fractions: dict[str, list[float]] = {stage: [] for stage in ROOFLINE_STAGES}
+    timers: dict[str, Callable[[int], float]] = {
+        "step": stages.step_ms,
+        "slow_step": stages.slow_step_ms,
+        "codebook_pass": stages.fast_ms,
+    }
+    for done in range(rounds):
+        progress(f"  batch 1, round {done + 1}/{rounds}: bandwidth, slow step, codebook pass, step")
+        gb_s = memory_bandwidth_gb_s(stages.device)
+        bandwidths.append(gb_s)
+        for stage, (_, part) in ROOFLINE_STAGES.items():
+            ms = timers[stage](1)
+            times[stage].append(ms)
+            fractions[stage].append(weights[part] / (gb_s * 1e6) / ms)
+    result: dict[str, Any] = {"roofline_rounds": rounds}
+    for stage, (name, _) in ROOFLINE_STAGES.items():
+        result[name] = round(statistics.median(times[stage]), 1)
+        key = "roofline_fraction" if stage == "step" else f"{stage}_roofline_fraction"
+        result[key] = round(statistics.median(fractions[stage]), 3)
+        result[f"{key}_range"] = [round(min(fractions[stage]), 3), round(max(fractions[stage]), 3)]
+    result["memory_bandwidth_gb_s"] = round(statistics.median(bandwidths), 1)
+    return result
+
+
 def weight_bytes_per_step(model: DualARTransformer) -> dict[str, int]:
-    """Bytes of weights one decode step reads: slow layers + norm + head once; the fast layers,
-    norm and head once per codebook position; embedding tables only a row each (ignored)."""
+    """Bytes of weights one decode step reads: slow layers + norm + head once; the fast layers
+    once per codebook position, their norm and head at every position but the first (whose
+    logits are unused); embedding tables only a row each (ignored)."""
 
     def size(modules: list[torch.nn.Module]) -> int:
         tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
@@ -101,9 +151,10 @@ def weight_bytes_per_step(model: DualARTransformer) -> dict[str, int]:
         )
 
     slow = size([*model.layers, model.norm] + ([model.output] if model.output else []))
-    fast = size([*model.fast_layers, model.fast_norm, model.fast_output])
     positions = model.config.num_codebooks
-    return {"slow": slow, "fast": fast * positions, "total": slow + fast * positions}
+    fast = size([*model.fast_layers]) * positions
+    fast += size([model.fast_norm, model.fast_output]) * (positions - 1)
+    return {"slow": slow, "fast": fast, "total": slow + fast}
 
 
 class StageBench:
@@ -243,27 +294,41 @@ def measure_stages(passes: ModelPasses, options: BenchOptions) -> dict[str, Any]
     """Every stage, on the model's thread (see :meth:`FishEngine.profile`)."""
     device = passes.model.device
     stages = StageBench(passes, options)
-    result: dict[str, Any] = {}
+    weights = weight_bytes_per_step(passes.model)
+    result: dict[str, Any] = {
+        "weight_bytes_per_step": weights["total"],
+        "codebook_pass_weight_bytes": weights["fast"],
+    }
     with torch.inference_mode():
         for tokens in (64, 256):
             progress(f"  prefill {tokens} tokens ...")
             result[f"prefill_{tokens}_ms"] = round(stages.prefill_ms(tokens), 1)
+        result.update(batch1_rounds(stages, weights))
         for batch in options.batches:
-            progress(f"  batch {batch}: slow step, fast transformer, whole step ...")
-            result[f"slow_step_ms_b{batch}"] = round(stages.slow_step_ms(batch), 1)
-            result[f"fast_ms_b{batch}"] = round(stages.fast_ms(batch), 1)
-            result[f"step_ms_b{batch}"] = round(stages.step_ms(batch), 1)
+            if batch != 1:
+                progress(f"  batch {batch}: slow step, fast transformer, whole step ...")
+                result[f"slow_step_ms_b{batch}"] = round(stages.slow_step_ms(batch), 1)
+                result[f"fast_ms_b{batch}"] = round(stages.fast_ms(batch), 1)
+                result[f"step_ms_b{batch}"] = round(stages.step_ms(batch), 1)
             per_s = 1000.0 * batch / result[f"step_ms_b{batch}"]
             result[f"decode_frames_per_s_b{batch}"] = round(per_s, 1)
         progress(f"  batch 1 slow step at {LONG_KV_POSITION} cached positions ...")
         result["slow_step_ms_b1_long_context"] = round(stages.long_context_slow_step_ms(), 1)
         progress("  vocoder ...")
         result["vocoder_rtf"] = round(vocoder_rtf(passes.decoder), 3)
-        progress("  memory bandwidth ...")
-        result["memory_bandwidth_gb_s"] = memory_bandwidth_gb_s(device)
         if options.op_profile:
             progress("  codebook pass, op by op ...")
-            result["codebook_pass_profile"] = op_profile(stages.codebook_pass(1))
+            gb_s = memory_bandwidth_gb_s(device)
+            profile = op_profile(stages.codebook_pass(1))
+            # How fast the linear kernels stream the pass's weights, against the bandwidth
+            # measured just before: the ceiling they put on the pass's roofline fraction,
+            # whatever the ops around them cost.
+            if profile["matrix_products_ms"] > 0:
+                streamed_gb_s = weights["fast"] / profile["matrix_products_ms"] / 1e6
+                profile["memory_bandwidth_gb_s"] = round(gb_s, 1)
+                profile["matrix_products_gb_s"] = round(streamed_gb_s, 1)
+                profile["matrix_products_bandwidth_fraction"] = round(streamed_gb_s / gb_s, 3)
+            result["codebook_pass_profile"] = profile
     return result
 
 
@@ -286,10 +351,7 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         "load_s": round(load_s, 1),
         "compile_s": round(sum(info["compile_s"].values()), 1),
     }
-    stage_figures = await engine.profile(lambda passes: measure_stages(passes, options))
-    weights = await engine.profile(lambda passes: weight_bytes_per_step(passes.model))
-    bandwidth = float(stage_figures.pop("memory_bandwidth_gb_s"))
-    result.update(stage_figures)
+    result.update(await engine.profile(lambda passes: measure_stages(passes, options)))
     progress("  end to end ...")
     e2e = await end_to_end(engine, options.repeats)
     for frames in options.first_chunk_frames:
@@ -302,10 +364,9 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         result[f"ttfa_steps_first_chunk_{frames}"] = round(ttfa_ms / result["step_ms_b1"], 2)
     await engine.stop()
 
-    def roofline(weight_bytes: int) -> float:  # ms to read the weights once at ``bandwidth``
-        return weight_bytes / (bandwidth * 1e9) * 1000
+    def roofline(weight_bytes: int) -> float:  # ms to read them once at the median bandwidth
+        return round(weight_bytes / (float(result["memory_bandwidth_gb_s"]) * 1e6), 1)
 
-    roofline_ms = roofline(weights["total"])
     # Generator and vocoder per frame alone (the batch-1 step; the vocoder in 8-frame chunks)
     # against both through the engine: on a GPU they overlap on their own CUDA streams (the
     # ratio nears 2 when they cost the same), on the CPU the vocoder runs inline (about 1).
@@ -322,28 +383,11 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             "ttfa_ms_p50": ttfa_ms_p50,
             # First audio in decode steps of one stream: prefill, first chunk, its vocoding.
             "ttfa_steps": round(ttfa_ms_p50 / result["step_ms_b1"], 2),
-            "memory_bandwidth_gb_s": round(bandwidth, 1),
-            "weight_bytes_per_step": weights["total"],
-            "codebook_pass_weight_bytes": weights["fast"],
-            "roofline_step_ms": round(roofline_ms, 1),
-            "roofline_fraction": round(roofline_ms / result["step_ms_b1"], 3),
-            "roofline_codebook_pass_ms": round(roofline(weights["fast"]), 1),
-            "codebook_pass_roofline_fraction": round(
-                roofline(weights["fast"]) / result["fast_ms_b1"], 3
-            ),
-            "slow_step_roofline_fraction": round(
-                roofline(weights["slow"]) / result["slow_step_ms_b1"], 3
-            ),
+            "roofline_step_ms": roofline(result["weight_bytes_per_step"]),
+            "roofline_codebook_pass_ms": roofline(result["codebook_pass_weight_bytes"]),
             "peak_rss_mb": round(peak_rss_mb(), 1),
         }
     )
-    profile = result.get("codebook_pass_profile")
-    if profile is not None and profile["matrix_products_ms"] > 0:
-        # How fast the linear kernels stream the pass's weights, against the bandwidth: the
-        # ceiling they put on the pass's roofline fraction, whatever the ops around them cost.
-        streamed_gb_s = weights["fast"] / profile["matrix_products_ms"] / 1e6
-        profile["matrix_products_gb_s"] = round(streamed_gb_s, 1)
-        profile["matrix_products_bandwidth_fraction"] = round(streamed_gb_s / bandwidth, 3)
     return result
 
 

@@ -220,7 +220,8 @@ def _bench(args: argparse.Namespace) -> int:
         if "matrix_products_gb_s" in ops:
             print(f"weight products: {ops['matrix_products_ms']} ms, streaming the weights at "
                   f"{ops['matrix_products_gb_s']} GB/s "
-                  f"({ops['matrix_products_bandwidth_fraction']} of the bandwidth)")  # fmt: skip
+                  f"({ops['matrix_products_bandwidth_fraction']} of the "
+                  f"{ops['memory_bandwidth_gb_s']} GB/s measured just before)")  # fmt: skip
         print(f"{'op':<40} {'calls':>6} {'self_ms':>8} {'share':>6}")
         for op in ops["ops"]:
             print(f"{op['op']:<40} {op['calls']:>6} {op['self_ms']:>8} {op['share']:>6}")

@@ -99,6 +99,15 @@ def test_bench_reports_every_stage_as_json() -> None:
     assert figures["frames_per_s"] > 0 and figures["roofline_fraction"] > 0
     assert figures["codebook_pass_roofline_fraction"] > 0
     assert figures["slow_step_roofline_fraction"] > 0
+    assert figures["roofline_rounds"] == 5  # each fraction the median of 5 paired rounds
+    for key in (
+        "roofline_fraction",
+        "slow_step_roofline_fraction",
+        "codebook_pass_roofline_fraction",
+    ):
+        low, high = figures[f"{key}_range"]
+        assert 0 < low <= figures[key] <= high
+    assert profile_bandwidth_is_its_own(figures["codebook_pass_profile"])
     assert figures["ttfa_steps"] == round(figures["ttfa_ms_p50"] / figures["step_ms_b1"], 2)
     assert figures["overlap"] > 0
     profile = figures["codebook_pass_profile"]  # --profile: the codebook pass op by op
@@ -112,6 +121,12 @@ def test_bench_reports_every_stage_as_json() -> None:
     assert profile["matrix_products_bandwidth_fraction"] > 0
     assert "codebook pass, op by op" in result.stderr
     assert "prefill 64 tokens" in result.stderr  # progress while it runs
+
+
+def profile_bandwidth_is_its_own(profile: dict[str, float]) -> bool:
+    """The op profile's products are set against a bandwidth measured right before them."""
+    rate = profile["matrix_products_gb_s"] / profile["memory_bandwidth_gb_s"]
+    return bool(profile["matrix_products_bandwidth_fraction"] == pytest.approx(rate, abs=0.01))
 
 
 def test_bench_counts_packed_bf16_weights() -> None:

@@ -86,7 +86,7 @@ def fast_codes(
     embedding of codebook k-1. Window row k+1 penalises codebook k; ``noise`` [B, C-1, K] holds
     the codebooks' random draws. Shapes depend on B only, so the pass compiles per batch size.
     """
-    model.fast_step(cache, hidden, 0)
+    model.fast_step(cache, hidden, 0, logits=False)
     code = code0
     codes = []
     for k in range(1, model.config.num_codebooks):

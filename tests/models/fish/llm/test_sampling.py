@@ -20,6 +20,7 @@ from streamtts.models.fish.llm.sampling import (
     apply_repetition_penalty,
     apply_temperature,
     descending_rank,
+    exponential_race,
     float16_values_descending,
     sample,
     top_p_filter,
@@ -233,3 +234,17 @@ def test_histogram_paths_agree() -> None:
     expected = torch.bincount(index, minlength=300)
     assert torch.equal(_histogram(index, 300), expected)
     assert torch.equal(_histogram(index, 300, sync_free=True), expected)  # the CUDA form
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_race_picks_the_first_of_equal_maxima(dtype: torch.dtype) -> None:
+    """Widened to fp32 for a fast argmax, the race keeps the 16-bit values and so their ties."""
+    gen = torch.Generator().manual_seed(7)
+    probs = torch.softmax(torch.randn(3, COUNTING_MIN_VOCAB, generator=gen), dim=-1).to(dtype)
+    noise = torch.empty(3, COUNTING_MIN_VOCAB).exponential_(1, generator=gen).to(dtype)
+    race = probs / noise
+    winners = [int(race[row].float().argmax()) for row in range(3)]
+    assert exponential_race(probs, noise).tolist() == winners
+    probs[1, 100] = probs[1, 900] = 1.0  # a tie for the top, the lower id first
+    noise[1, 100] = noise[1, 900] = 1e-3
+    assert int(exponential_race(probs, noise)[1]) == 100
