@@ -44,11 +44,16 @@ from streamtts.models.fish.llm.generate import (
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.sampling import BatchSampling
-from streamtts.scheduling import CostModel, SchedulingSettings
+from streamtts.scheduling import CostModel, RunningMean, SchedulingSettings
 
 log = logging.getLogger(__name__)
 
 JobHook = Callable[[SegmentJob], None]
+
+# A later chunk goes early once a listener's lead is shorter than this many iterations (the
+# next chance to hand frames over comes an iteration later; the other one is margin for a
+# slower iteration, such as one that also prefills).
+NEXT_CHANCE_ITERATIONS = 2
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,7 @@ class GeneratorWorker(Worker[_Command]):
         self.cost = CostModel()
         self.cost_lock = threading.Lock()
         self._prefill_chunk_s = 0.0
+        self._iteration_s = RunningMean()  # wall time of an iteration, vocoder included
         self._prefixes = VoicePrefixes(prompts, settings.max_cached_voices)
         self._windows = RepetitionWindows(cache.slots, model.config.num_codebooks + 1, model.device)
         self._jobs: list[SegmentJob] = []
@@ -181,9 +187,11 @@ class GeneratorWorker(Worker[_Command]):
                 started_s = time.perf_counter()
                 batch, prefilled = self._iterate()
                 self._after_iteration()
+                iteration_s = time.perf_counter() - started_s
+                self._iteration_s.observe(iteration_s, weight=0.2)
                 if batch and not prefilled:  # a plain decode iteration: what a frame costs
                     with self.cost_lock:
-                        self.cost.observe(time.perf_counter() - started_s, self._frame_s, batch)
+                        self.cost.observe(iteration_s, self._frame_s, batch)
 
     def fail_all(self, exc: BaseException) -> None:
         for job in self._jobs:
@@ -345,7 +353,12 @@ class GeneratorWorker(Worker[_Command]):
         Like upstream, the prefill frame is not vocoded and the final ``<|im_end|>`` frame is.
         """
         pending = len(job.frames) - 1 - job.sent_frames
-        if not job.finished and not job.schedule.due(job.sent_frames, pending):
+        now_s = time.perf_counter()
+        lead_s = job.stream.clock.lead_s(now_s)
+        next_chance_s = NEXT_CHANCE_ITERATIONS * (self._iteration_s.value or 0.0)
+        if not job.finished and not job.schedule.due(
+            job.sent_frames, pending, lead_s, next_chance_s
+        ):
             return
         start = 1 + job.sent_frames
         if pending > 0:
@@ -353,5 +366,5 @@ class GeneratorWorker(Worker[_Command]):
         else:
             codes = job.frames[0].new_zeros(self._model.config.num_codebooks, 0)
         job.sent_frames += pending
-        job.stream.clock.produced(pending * job.stream.frame_s, time.perf_counter())
+        job.stream.clock.produced(pending * job.stream.frame_s, now_s)
         job.on_codes(codes, job.finished)

@@ -10,6 +10,7 @@ in the tensors.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -26,25 +27,39 @@ from streamtts.scheduling import PlaybackClock
 
 @dataclass(frozen=True)
 class ChunkSchedule:
-    """First audio after ``first_frames`` frames; later chunks ramp up to ``later_frames``.
+    """First audio after ``first_frames`` frames; later chunks ramp up to ``later_frames``, and
+    go early whenever the listener would otherwise run dry.
 
-    A later chunk is at most as long as the audio already handed over (2, 2, 4, 8, 8, ... for
-    2 and 8), so while generation runs faster than real time the listener never waits for a
-    chunk: a short first chunk for first audio costs no underrun where one long second chunk
-    would.
+    The ramp: a later chunk is at most as long as the audio already handed over (2, 2, 4, 8,
+    8, ... for 2 and 8): fewer, longer chunks while generation runs well ahead of real time.
+    The ramp alone starves a stream between 0.57x and 1x real time (waiting for frames 9-16,
+    the listener has only 8 frames' audio, which took 0.57 of its length to make per frame),
+    so a later chunk is also due with any frame pending once the listener's lead is shorter
+    than the time until the next chance to hand frames over: then each frame goes out as soon
+    as it is made, and a stream generated faster than real time never waits.
     """
 
     first_frames: int
     later_frames: int
 
     def frames_due(self, emitted_frames: int) -> int:
-        """Frames the next chunk needs after ``emitted_frames`` were handed over."""
+        """Frames the next chunk needs after ``emitted_frames`` were handed over, by the ramp."""
         if emitted_frames == 0:
             return self.first_frames
         return min(self.later_frames, max(self.first_frames, emitted_frames))
 
-    def due(self, emitted_frames: int, pending_frames: int) -> bool:
-        return pending_frames >= self.frames_due(emitted_frames)
+    def due(
+        self,
+        emitted_frames: int,
+        pending_frames: int,
+        lead_s: float = math.inf,
+        next_chance_s: float = 0.0,
+    ) -> bool:
+        """Whether to hand over the ``pending_frames`` now. ``lead_s``: audio handed over and
+        not yet heard; ``next_chance_s``: how long until frames can be handed over again."""
+        if pending_frames >= self.frames_due(emitted_frames):
+            return True
+        return emitted_frames > 0 and pending_frames > 0 and lead_s < next_chance_s
 
 
 @dataclass

@@ -18,8 +18,8 @@ class FishSettings:
     dtype: str = AUTO
     max_streams: int = 8  # KV-cache slots = concurrent Fish streams
     context_tokens: int = 4096  # per-stream KV length; the iterative prompt's budget
-    first_chunk_frames: int = 2  # frames before the first audio of a segment (46.4 ms each)
-    chunk_frames: int = 8  # the most frames per later chunk (they ramp up: ChunkSchedule)
+    first_chunk_frames: int = 1  # frames before the first audio of a segment (46.4 ms each)
+    chunk_frames: int = 8  # the most frames per later chunk (ramping up, or early: ChunkSchedule)
     prefill_chunk_tokens: int = 128  # prompt tokens prefilled per step between decode steps
     max_frames_per_segment: int = 1024
     cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
