@@ -288,10 +288,13 @@ class FishEngine(Engine):
                 f"all {loaded.generator.capacity} streams are busy; try again shortly"
             )
         s = self._settings
-        schedule = ChunkSchedule(
-            options.first_chunk_frames or s.first_chunk_frames,
-            options.chunk_frames or s.chunk_frames,
-        )
+        first_frames = options.first_chunk_frames or s.first_chunk_frames
+        if not first_frames:
+            generator = loaded.generator
+            with generator.cost_lock:  # at the batch size with this stream
+                cost = generator.cost.cost(generator.capacity - generator.free_slots)
+            first_frames = ChunkSchedule.auto_first_frames(cost)
+        schedule = ChunkSchedule(first_frames, options.chunk_frames or s.chunk_frames)
         return FishStream(
             sample_rate=loaded.sample_rate,
             generator=loaded.generator,

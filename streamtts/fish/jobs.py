@@ -24,6 +24,9 @@ from streamtts.fish.conversation import Conversation
 from streamtts.models.fish.llm.sampling import SamplingParams
 from streamtts.scheduling import PlaybackClock
 
+# A stream made at this share of real time or more, and less than 1, starts with 2 frames.
+NEAR_REALTIME = 0.8
+
 
 @dataclass(frozen=True)
 class ChunkSchedule:
@@ -32,15 +35,26 @@ class ChunkSchedule:
 
     The ramp: a later chunk is at most as long as the audio already handed over (2, 2, 4, 8,
     8, ... for 2 and 8): fewer, longer chunks while generation runs well ahead of real time.
-    The ramp alone starves a stream between 0.57x and 1x real time (waiting for frames 9-16,
-    the listener has only 8 frames' audio, which took 0.57 of its length to make per frame),
-    so a later chunk is also due with any frame pending once the listener's lead is shorter
-    than the time until the next chance to hand frames over: then each frame goes out as soon
-    as it is made, and a stream generated faster than real time never waits.
+    The ramp alone starves a stream made between 0.57x and 1x real time (waiting for frames
+    9-16, the listener has only 8 frames' audio), so a later chunk is also due, with at least
+    ``first_frames`` pending, once the listener's lead is shorter than the time until the next
+    chance to hand frames over. Not once the listener has run dry, though: then the frames wait
+    for the ramp's chunk, as a vocoder call has a fixed cost (on the dev CPU 9 ms a call and
+    4 ms a frame), so short chunks would keep a barely real-time stream from catching up.
     """
 
     first_frames: int
     later_frames: int
+
+    @staticmethod
+    def auto_first_frames(realtime_factor: float | None) -> int:
+        """The first chunk for a stream made at ``realtime_factor`` (compute seconds per audio
+        second; None: not measured yet): 1 frame, or 2 from :data:`NEAR_REALTIME` up to real
+        time, where a one-frame start leaves too little lead to grow the chunks past the
+        vocoder's fixed cost without the listener waiting (tests/fish/test_jobs.py)."""
+        if realtime_factor is not None and NEAR_REALTIME <= realtime_factor < 1:
+            return 2
+        return 1
 
     def frames_due(self, emitted_frames: int) -> int:
         """Frames the next chunk needs after ``emitted_frames`` were handed over, by the ramp."""
@@ -59,7 +73,8 @@ class ChunkSchedule:
         not yet heard; ``next_chance_s``: how long until frames can be handed over again."""
         if pending_frames >= self.frames_due(emitted_frames):
             return True
-        return emitted_frames > 0 and pending_frames > 0 and lead_s < next_chance_s
+        early = emitted_frames > 0 and pending_frames >= self.first_frames
+        return early and 0 < lead_s < next_chance_s
 
 
 @dataclass

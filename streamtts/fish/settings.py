@@ -18,7 +18,9 @@ class FishSettings:
     dtype: str = AUTO
     max_streams: int = 8  # KV-cache slots = concurrent Fish streams
     context_tokens: int = 4096  # per-stream KV length; the iterative prompt's budget
-    first_chunk_frames: int = 1  # frames before the first audio of a segment (46.4 ms each)
+    # Frames before the first audio of a segment (46.4 ms each); 0: 1, or 2 while the engine
+    # runs at 0.8-1x real time (ChunkSchedule.auto_first_frames).
+    first_chunk_frames: int = 0
     chunk_frames: int = 8  # the most frames per later chunk (ramping up, or early: ChunkSchedule)
     prefill_chunk_tokens: int = 128  # prompt tokens prefilled per step between decode steps
     max_frames_per_segment: int = 1024
@@ -31,7 +33,7 @@ class FishSettings:
             self,
             max_streams=1,
             context_tokens=64,
-            first_chunk_frames=1,
+            first_chunk_frames=0,
             chunk_frames=1,
             prefill_chunk_tokens=1,
             max_frames_per_segment=1,
