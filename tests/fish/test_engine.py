@@ -178,6 +178,17 @@ async def test_first_audio_comes_after_the_first_chunk_not_the_segment(
     assert len(chunks) >= 3
 
 
+async def test_first_audio_is_one_frame_where_the_engine_is_well_ahead_of_real_time(
+    engine: FishEngine,
+) -> None:
+    """The automatic first chunk (the tiny model runs far faster than real time here)."""
+    stream = fish_stream(engine, SynthesisOptions(top_p=1e-4))
+    chunks = [pcm.size async for pcm in stream.synthesize("word word word word")]  # 36 frames
+    stream.close()
+    assert chunks[0] == FRAME_SAMPLES
+    assert sum(chunks) == 36 * FRAME_SAMPLES
+
+
 async def test_options_fish_cannot_honour_are_refused_at_open(engine: FishEngine) -> None:
     with pytest.raises(OptionError, match="top_p"):
         SynthesisOptions(top_p=0.0)  # out of range: never reaches an engine

@@ -155,7 +155,8 @@ class FastPosition:
 
 
 class Attention(nn.Module):
-    """Fused-QKV GQA projections; the attention itself is supplied by the caller."""
+    """Fused-QKV GQA projections; the attention is the caller's (:meth:`forward`), or the
+    codebook pass's own at one position (:meth:`decode_position`)."""
 
     def __init__(self, cfg: BlockConfig) -> None:
         super().__init__()
