@@ -45,6 +45,9 @@ class ChunkSchedule:
 
     first_frames: int
     later_frames: int
+    # Whether chunks may go early by the listener's lead. Off for a seeded stream, whose audio
+    # must not depend on timing: the vocoder's fp32 roundings depend on chunk lengths (~1e-7).
+    early: bool = True
 
     @staticmethod
     def auto_first_frames(realtime_factor: float | None) -> int:
@@ -73,7 +76,7 @@ class ChunkSchedule:
         not yet heard; ``next_chance_s``: how long until frames can be handed over again."""
         if pending_frames >= self.frames_due(emitted_frames):
             return True
-        early = emitted_frames > 0 and pending_frames >= self.first_frames
+        early = self.early and emitted_frames > 0 and pending_frames >= self.first_frames
         return early and 0 < lead_s < next_chance_s
 
 

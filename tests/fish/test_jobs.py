@@ -131,6 +131,8 @@ def test_a_chunk_goes_early_only_while_the_listener_still_has_audio() -> None:
     assert schedule.due(4, 2, lead_s=0.05, next_chance_s=0.1)
     assert not schedule.due(4, 2, lead_s=0.2, next_chance_s=0.1)  # enough audio: wait for 4
     assert not schedule.due(4, 2, lead_s=0.0, next_chance_s=0.1)  # ran dry: wait for 4
+    fixed = ChunkSchedule(2, 8, early=False)  # a seeded stream's: timing changes nothing
+    assert not fixed.due(4, 2, lead_s=0.05, next_chance_s=0.1)
 
 
 def test_the_first_chunk_is_one_frame_unless_near_real_time() -> None:
