@@ -54,7 +54,9 @@ def test_compiled_slow_step_matches_eager_and_writes_only_its_positions() -> Non
         for slots_list, positions_list in (([2], [100]), ([0, 2, 1], [70, 150, 9])):
             slots = torch.tensor(slots_list)
             positions = torch.tensor(positions_list)
-            tokens = torch.randint(0, 300, (len(slots_list), rows, 1), dtype=torch.int32)
+            gen = torch.Generator().manual_seed(len(slots_list))
+            shape = (len(slots_list), rows, 1)
+            tokens = torch.randint(0, 300, shape, dtype=torch.int32, generator=gen)
             kv_len = max(positions_list) + 1
             eager_cache, compiled_cache = filled_cache(model, 3), filled_cache(model, 3)
             before = eager_cache.k.clone()
@@ -63,7 +65,13 @@ def test_compiled_slow_step_matches_eager_and_writes_only_its_positions() -> Non
             for ours, theirs in ((got.logits, want.logits), (got.hidden, want.hidden)):
                 error = float((ours.float() - theirs.float()).norm() / theirs.float().norm())
                 assert error < 0.02, error  # bf16 roundings apart, no more
-            assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+            # The same top token wherever eager's lead over its runner-up exceeds how far the
+            # two differ (random weights have near-ties that any rounding may flip).
+            top2 = want.logits.float().topk(2, dim=-1).values  # [B, 2]
+            apart = (got.logits.float() - want.logits.float()).abs().amax(dim=-1)  # [B]
+            clear = top2[:, 0] - top2[:, 1] > 2 * apart
+            assert bool(clear.any())
+            assert torch.equal(got.logits.argmax(-1)[clear], want.logits.argmax(-1)[clear])
             written = (eager_cache.k != before).any(dim=(0, 2, 4))  # [slots, max_seq]
             assert written.nonzero().tolist() == sorted(
                 [s, p] for s, p in zip(slots_list, positions_list, strict=True)
