@@ -16,7 +16,6 @@ for other first chunks in the same run; ``--profile`` adds the codebook pass op 
 from __future__ import annotations
 
 import asyncio
-import math
 import resource
 import statistics
 import sys
@@ -69,7 +68,8 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def median_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+def timings_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> list[float]:
+    """``fn``'s wall time in ms, ``repeats`` times after a warm-up."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -78,7 +78,11 @@ def median_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> f
         fn()
         _sync(device)
         times.append(1000.0 * (time.perf_counter() - started_s))
-    return statistics.median(times)
+    return times
+
+
+def median_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    return statistics.median(timings_ms(fn, repeats, device))
 
 
 def _sync(device: torch.device) -> None:
@@ -93,23 +97,25 @@ def memory_bandwidth_gb_s(device: torch.device) -> float:
     host a slower pass is another tenant's doing (a median let a step's fraction exceed 1).
     """
     x = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32, device=device)
-    x.sum()  # warm-up
-    fastest_s = math.inf
-    for _ in range(BANDWIDTH_PASSES):
-        _sync(device)
-        started_s = time.perf_counter()
-        x.sum()
-        _sync(device)
-        fastest_s = min(fastest_s, time.perf_counter() - started_s)
-    return BANDWIDTH_BYTES / fastest_s / 1e9
+    fastest_ms = min(timings_ms(lambda: x.sum(), BANDWIDTH_PASSES, device))
+    return BANDWIDTH_BYTES / (fastest_ms / 1000) / 1e9
 
 
-# Batch-1 stage → (its figure's name, its part of weight_bytes_per_step)
-ROOFLINE_STAGES = {
-    "step": ("step_ms_b1", "total"),
-    "slow_step": ("slow_step_ms_b1", "slow"),
-    "codebook_pass": ("fast_ms_b1", "fast"),
-}
+@dataclass(frozen=True)
+class RooflineStage:
+    """A batch-1 stage set against the roofline: its time figure, its fraction figure, and the
+    part of :func:`weight_bytes_per_step` it reads."""
+
+    time_figure: str
+    fraction_figure: str
+    weights: str
+
+
+ROOFLINE_STAGES = (
+    RooflineStage("slow_step_ms_b1", "slow_step_roofline_fraction", "slow"),
+    RooflineStage("fast_ms_b1", "codebook_pass_roofline_fraction", "fast"),
+    RooflineStage("step_ms_b1", "roofline_fraction", "total"),
+)
 
 
 def batch1_rounds(
@@ -124,29 +130,29 @@ def batch1_rounds(
     figure set against stage times taken a minute earlier turns into noise. Times, bandwidth
     and fractions are medians over the rounds; each fraction's range over the rounds too.
     """
-    bandwidths: list[float] = []
-    times: dict[str, list[float]] = {stage: [] for stage in ROOFLINE_STAGES}
-    fractions: dict[str, list[float]] = {stage: [] for stage in ROOFLINE_STAGES}
     timers: dict[str, Callable[[int], float]] = {
-        "step": stages.step_ms,
-        "slow_step": stages.slow_step_ms,
-        "codebook_pass": stages.fast_ms,
+        "slow_step_ms_b1": stages.slow_step_ms,
+        "fast_ms_b1": stages.fast_ms,
+        "step_ms_b1": stages.step_ms,
     }
+    bandwidths: list[float] = []
+    times: dict[str, list[float]] = {stage.time_figure: [] for stage in ROOFLINE_STAGES}
+    fractions: dict[str, list[float]] = {stage.fraction_figure: [] for stage in ROOFLINE_STAGES}
     for done in range(rounds):
         progress(f"  batch 1, round {done + 1}/{rounds}: bandwidth, slow step, codebook pass, step")
         before_gb_s = memory_bandwidth_gb_s(stages.device)
-        round_ms = {stage: timers[stage](1) for stage in ROOFLINE_STAGES}
+        round_ms = {stage: timers[stage.time_figure](1) for stage in ROOFLINE_STAGES}
         gb_s = max(before_gb_s, memory_bandwidth_gb_s(stages.device))
         bandwidths.append(gb_s)
-        for stage, (_, part) in ROOFLINE_STAGES.items():
-            times[stage].append(round_ms[stage])
-            fractions[stage].append(weights[part] / (gb_s * 1e6) / round_ms[stage])
+        for stage, ms in round_ms.items():
+            times[stage.time_figure].append(ms)
+            fractions[stage.fraction_figure].append(weights[stage.weights] / (gb_s * 1e6) / ms)
     result: dict[str, Any] = {"roofline_rounds": rounds}
-    for stage, (name, _) in ROOFLINE_STAGES.items():
-        result[name] = round(statistics.median(times[stage]), 1)
-        key = "roofline_fraction" if stage == "step" else f"{stage}_roofline_fraction"
-        result[key] = round(statistics.median(fractions[stage]), 3)
-        result[f"{key}_range"] = [round(min(fractions[stage]), 3), round(max(fractions[stage]), 3)]
+    for name, values in times.items():
+        result[name] = round(statistics.median(values), 1)
+    for name, values in fractions.items():
+        result[name] = round(statistics.median(values), 3)
+        result[f"{name}_range"] = [round(min(values), 3), round(max(values), 3)]
     result["memory_bandwidth_gb_s"] = round(statistics.median(bandwidths), 1)
     return result
 

@@ -292,10 +292,12 @@ class FishEngine(Engine):
         # A seeded stream's chunks follow a fixed schedule, so its audio is the same every time.
         timed = params.seed is None
         if not first_frames:
-            generator = loaded.generator
-            with generator.cost_lock:  # at the batch size with this stream
-                cost = generator.cost.cost(generator.capacity - generator.free_slots)
-            first_frames = ChunkSchedule.auto_first_frames(cost if timed else None)
+            cost = None
+            if timed:
+                generator = loaded.generator
+                with generator.cost_lock:  # at the batch size with this stream
+                    cost = generator.cost.cost(generator.capacity - generator.free_slots)
+            first_frames = ChunkSchedule.auto_first_frames(cost)
         schedule = ChunkSchedule(first_frames, options.chunk_frames or s.chunk_frames, timed)
         return FishStream(
             sample_rate=loaded.sample_rate,
