@@ -133,13 +133,9 @@ def test_bench_counts_packed_bf16_weights() -> None:
     """bf16 layers are packed into oneDNN's layout on the CPU; the roofline still counts them."""
     import json
 
+    bench = ["bench", "--model", "synthetic:tiny", "--repeats", "1", "--batches", "1", "--json"]
     runs = {
-        dtype: json.loads(
-            run_cli(
-                "bench", "--model", "synthetic:tiny", "--dtype", dtype, "--repeats", "1", "--json"
-            ).stdout
-        )
-        for dtype in ("fp32", "bf16")
+        dtype: json.loads(run_cli(*bench, "--dtype", dtype).stdout) for dtype in ("fp32", "bf16")
     }
     assert runs["bf16"]["dtype"] == "bfloat16"
     fp32_bytes = runs["fp32"]["weight_bytes_per_step"]

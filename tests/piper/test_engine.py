@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,16 +13,33 @@ import pytest
 
 from streamtts.engine.base import InvalidOptionError
 from streamtts.options import SynthesisOptions
-from streamtts.piper.engine import HEAD_FRAMES, PiperEngine, _PiperStream
+from streamtts.piper import engine as piper_engine
+from streamtts.piper.engine import HEAD_FRAMES, PiperEngine, _PiperStream, bundled_voice_paths
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
+from streamtts.piper.stages import StagedVoice, load_voice
 from tests.torch_guard import no_torch_on_this_thread
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 
 
+@pytest.fixture(scope="module")
+def bundled_voice() -> StagedVoice:
+    """The bundled voice, loaded once for the module (its load finds its contexts and gain:
+    seconds of work that every engine here would repeat to the same result)."""
+    model, config = bundled_voice_paths()
+    return load_voice(model, config, onnx_threads=1)
+
+
 @pytest.fixture
-async def engine() -> AsyncIterator[PiperEngine]:
+async def engine(
+    bundled_voice: StagedVoice, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[PiperEngine]:
+    def loaded(model: Path, config: Path, onnx_threads: int) -> StagedVoice:
+        assert (model, config, onnx_threads) == (*bundled_voice_paths(), 1)
+        return bundled_voice
+
+    monkeypatch.setattr(piper_engine, "load_voice", loaded)
     engine = PiperEngine(PiperSpec(), PiperSettings(engine_threads=1))
     await engine.start()
     yield engine
