@@ -94,6 +94,17 @@ def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if _cpu_has_native_bf16() else torch.float32
 
 
+def emulation_warning(dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why ``dtype`` will run slowly on ``device``: bf16 on a CPU without native bf16 (asked
+    for explicitly, or as int8's activations), which torch emulates; else None."""
+    if device.type != "cpu" or dtype != torch.bfloat16 or _cpu_has_native_bf16():
+        return None
+    return (
+        "this CPU has no native bf16 (AVX512-BF16/AMX): torch emulates bf16, so bf16 and int8 "
+        "(whose activations are bf16) run far slower than fp32 here; dtype auto picks fp32"
+    )
+
+
 def _cpu_has_native_bf16() -> bool:
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:

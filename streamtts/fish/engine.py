@@ -42,6 +42,7 @@ from streamtts.fish.devices import (
     DeviceContext,
     choose_device,
     choose_dtype,
+    emulation_warning,
     run_on_own_thread,
     set_cpu_threads,
 )
@@ -132,6 +133,8 @@ class FishEngine(Engine):
         dtype = choose_dtype("bf16" if int8 else s.dtype, device)
         set_cpu_threads(s.cpu_threads)
         log.info("loading %s on %s in %s", self._spec.text, device, INT8 if int8 else dtype)
+        if (warning := emulation_warning(dtype, device)) is not None:
+            log.warning("dtype %s: %s", s.dtype, warning)
         bundle = load_fish_bundle(self._spec, device, dtype)
         model = bundle.llm.model
         prepare_llm(model, s)

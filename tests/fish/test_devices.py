@@ -1,11 +1,13 @@
-"""Device helpers: a job on a thread of its own that ends with it."""
+"""Device helpers: a job on a thread of its own that ends with it; a dtype this CPU emulates."""
 
 from __future__ import annotations
 
 import threading
 
 import pytest
+import torch
 
+from streamtts.fish import devices
 from streamtts.fish.devices import run_on_own_thread
 
 
@@ -28,3 +30,22 @@ async def test_run_on_own_thread_raises_the_jobs_error() -> None:
 
     with pytest.raises(KeyError, match="missing"):
         await run_on_own_thread(job, "failing")
+
+
+@pytest.mark.parametrize(
+    ("native", "dtype", "device", "warns"),
+    [
+        (False, torch.bfloat16, "cpu", True),  # bf16 (explicit, or int8's activations) emulated
+        (True, torch.bfloat16, "cpu", False),
+        (False, torch.float32, "cpu", False),
+        (False, torch.bfloat16, "cuda", False),
+    ],
+)
+def test_a_dtype_this_cpu_emulates_is_warned_about(
+    monkeypatch: pytest.MonkeyPatch, native: bool, dtype: torch.dtype, device: str, warns: bool
+) -> None:
+    monkeypatch.setattr(devices, "_cpu_has_native_bf16", lambda: native)
+    warning = devices.emulation_warning(dtype, torch.device(device))
+    assert (warning is not None) == warns
+    if warning is not None:
+        assert "emulates bf16" in warning and "auto picks fp32" in warning
