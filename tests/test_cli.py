@@ -9,6 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+from streamtts.models.fish.packed import packs
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 
@@ -129,6 +132,10 @@ def profile_bandwidth_is_its_own(profile: dict[str, float]) -> bool:
     return bool(profile["matrix_products_bandwidth_fraction"] == pytest.approx(rate, abs=0.01))
 
 
+@pytest.mark.skipif(
+    not packs(torch.device("cpu"), torch.bfloat16),
+    reason="this CPU has no native bf16: nothing packs (and bf16 runs emulated, slowly)",
+)
 def test_bench_counts_packed_bf16_weights() -> None:
     """bf16 layers are packed into oneDNN's layout on the CPU; the roofline still counts them."""
     import json

@@ -18,6 +18,7 @@ from streamtts.fish.compiled import (
     compiles_slow_step,
     freezes_weights,
 )
+from streamtts.fish.devices import emulation_warning
 from streamtts.fish.load import load_fish_bundle
 from streamtts.fish.spec import FishSpec
 from streamtts.models.fish.llm.generate import fast_codes, frame_noise, slow_step
@@ -26,6 +27,13 @@ from streamtts.models.fish.llm.quantize import quantize_int8_
 from streamtts.models.fish.llm.sampling import BatchSampling
 
 TINY = FishSpec("synthetic:tiny", synthetic_size="tiny")
+# int8's activations are bf16: on a CPU without native bf16 they run emulated, and compiling and
+# running them costs CI over a minute for a path that CPU's users are warned off (the engine's
+# emulation_warning). These tests run on hosts with native bf16.
+needs_native_bf16 = pytest.mark.skipif(
+    emulation_warning(torch.bfloat16, torch.device("cpu")) is not None,
+    reason="int8 activations are bf16, emulated on this CPU",
+)
 
 
 def int8_model() -> DualARTransformer:
@@ -43,6 +51,7 @@ def filled_cache(model: DualARTransformer, slots: int) -> KVCache:
     return cache
 
 
+@needs_native_bf16
 def test_compiled_slow_step_matches_eager_and_writes_only_its_positions() -> None:
     model = int8_model()
     assert compiles_slow_step(model)
@@ -90,6 +99,7 @@ def test_packed_and_fp32_models_keep_the_eager_slow_step() -> None:
     assert not compiles_slow_step(model)
 
 
+@needs_native_bf16
 def test_int8_graphs_are_cached_across_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

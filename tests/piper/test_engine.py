@@ -18,6 +18,7 @@ from streamtts.piper.engine import HEAD_FRAMES, PiperEngine, _PiperStream, bundl
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
 from streamtts.piper.stages import StagedVoice, load_voice
+from tests.piper_speed import SPEED_2_DURATION_RATIO
 from tests.torch_guard import no_torch_on_this_thread
 
 TEXT = "The quick brown fox jumps over the lazy dog."
@@ -56,8 +57,8 @@ async def speak(engine: PiperEngine, options: SynthesisOptions) -> np.ndarray:
 async def test_speed_changes_the_duration(engine: PiperEngine) -> None:
     normal = await speak(engine, SynthesisOptions())
     fast = await speak(engine, SynthesisOptions(speed=2.0))
-    # Piper draws its phoneme durations at random (noise_w), so the ratio varies around 0.5.
-    assert 0.35 < fast.size / normal.size < 0.72
+    low, high = SPEED_2_DURATION_RATIO
+    assert low < fast.size / normal.size < high
     assert engine.sample_rate == 22050 and engine.describe()["engine"] == "piper"
 
 
