@@ -17,28 +17,20 @@ from streamtts.piper import engine as piper_engine
 from streamtts.piper.engine import HEAD_FRAMES, PiperEngine, _PiperStream, bundled_voice_paths
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
-from streamtts.piper.stages import StagedVoice, load_voice
+from streamtts.piper.stages import StagedVoice
 from tests.piper_speed import SPEED_2_DURATION_RATIO
 from tests.torch_guard import no_torch_on_this_thread
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 
 
-@pytest.fixture(scope="module")
-def bundled_voice() -> StagedVoice:
-    """The bundled voice, loaded once for the module (its load finds its contexts and gain:
-    seconds of work that every engine here would repeat to the same result)."""
-    model, config = bundled_voice_paths()
-    return load_voice(model, config, onnx_threads=1)
-
-
 @pytest.fixture
-async def engine(
-    bundled_voice: StagedVoice, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[PiperEngine]:
+async def engine(voice: StagedVoice, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[PiperEngine]:
+    """An engine on the shared voice (tests/piper/conftest.py) instead of a load of its own."""
+
     def loaded(model: Path, config: Path, onnx_threads: int) -> StagedVoice:
         assert (model, config, onnx_threads) == (*bundled_voice_paths(), 1)
-        return bundled_voice
+        return voice
 
     monkeypatch.setattr(piper_engine, "load_voice", loaded)
     engine = PiperEngine(PiperSpec(), PiperSettings(engine_threads=1))

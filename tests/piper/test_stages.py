@@ -20,18 +20,11 @@ from streamtts.piper.stages import (
     calibrate,
     cost_under_load,
     find_context_frames,
-    load_voice,
     run_options,
     split_graph,
 )
 
 LONG_SENTENCE = "The weather today is sunny with a light breeze from the west, and mild."
-
-
-@pytest.fixture(scope="module")
-def voice() -> StagedVoice:
-    model, config = bundled_voice_paths()
-    return load_voice(model, config, onnx_threads=1)
 
 
 def latent_of(voice: StagedVoice, text: str) -> Sentence:
