@@ -1,7 +1,7 @@
 """Fish engine figures, in process (no HTTP): time to first audio and concurrency.
 
     python -m loadtest.engine_bench [--model synthetic:1.5] [--dtype auto] [--runs 10]
-                                    [--streams 1 2 4] [--json out.json]
+                                    [--streams 1 2 4] [--hint-ms 45] [--json out.json]
 
 1. TTFA: a 60-character sentence, median of ``--runs`` (time from ``synthesize`` to the first
    PCM chunk; the stream is then cancelled).
@@ -11,6 +11,10 @@
 3. With ``--reference-s 10``: TTFA of a voice cloned from 10 s of reference — its first use
    (which prefills the reference), later uses (which copy its kept prefix) and the default
    voice, alternating, medians of ``--runs``.
+4. With ``--hint-ms 45``: TTFA of the same sentence when the engine was told it was likely next
+   (``EngineStream.prepare``, as the server does once a sentence's end arrives) that long
+   before it came (the next LLM token, which confirms the end), alternating with unhinted
+   runs, medians of ``--runs``.
 (How the generator and the vocoder overlap is in ``streamtts bench``: ``overlap``.) Uses the
 engine's public API only.
 
@@ -46,8 +50,15 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def ttfa_ms(engine: FishEngine, voice: str | ClonedVoice = "default") -> float:
+async def ttfa_ms(
+    engine: FishEngine, voice: str | ClonedVoice = "default", hint_s: float | None = None
+) -> float:
+    """From ``synthesize`` to the first PCM chunk; with ``hint_s``, the sentence was hinted
+    (``prepare``) that many seconds before."""
     stream = engine.open_stream(voice, SynthesisOptions())
+    if hint_s is not None:
+        stream.prepare(SENTENCE_60_CHARS)
+        await asyncio.sleep(hint_s)
     started_s = time.perf_counter()
     try:
         async for _ in stream.synthesize(SENTENCE_60_CHARS):
@@ -127,6 +138,25 @@ async def cloned_voice_ttfa(engine: FishEngine, reference_s: float, runs: int) -
     }
 
 
+async def hinted_ttfa(engine: FishEngine, hint_ms: float, runs: int) -> dict[str, Any]:
+    hinted, unhinted = [], []
+    for i in range(runs):  # alternating, so both see the same machine
+        hinted.append(await ttfa_ms(engine, hint_s=hint_ms / 1000))
+        unhinted.append(await ttfa_ms(engine))
+        log(f"  run {i + 1}/{runs}: hinted {hinted[-1]:.0f} ms, unhinted {unhinted[-1]:.0f} ms")
+    hinted_p50, unhinted_p50 = statistics.median(hinted), statistics.median(unhinted)
+    return {
+        "hint_ms": hint_ms,
+        "ttfa_ms_hinted_p50": round(hinted_p50, 1),
+        "ttfa_ms_unhinted_p50": round(unhinted_p50, 1),
+        "hinted_over_unhinted": round(hinted_p50 / unhinted_p50, 3),
+        # Each pair ran back to back: their differences cancel the machine's drift.
+        "paired_difference_ms_p50": round(
+            statistics.median(h - u for h, u in zip(hinted, unhinted, strict=True)), 1
+        ),
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = FishSettings(
         device=args.device, dtype=args.dtype, max_streams=max(args.streams), compile=args.compile
@@ -153,6 +183,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     result["ttfa_ms_p50"] = round(statistics.median(ttfa), 1)
     if args.reference_s > 0:
         result["cloned_voice"] = await cloned_voice_ttfa(engine, args.reference_s, args.runs)
+    if args.hint_ms > 0:
+        log(f"  first audio with the sentence hinted {args.hint_ms:g} ms before it comes")
+        result["hinted"] = await hinted_ttfa(engine, args.hint_ms, args.runs)
     result["concurrency"] = []
     for n in args.streams:
         log(f"  {n} concurrent stream(s) ...")
@@ -180,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="also time a voice cloned from this many seconds of reference (first use, later "
         "uses, the default voice)",
+    )
+    parser.add_argument(
+        "--hint-ms",
+        type=float,
+        default=0.0,
+        help="also time first audio with the sentence hinted as likely next this many ms "
+        "before it comes (alternating with unhinted runs)",
     )
     parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args(argv)

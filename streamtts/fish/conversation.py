@@ -30,6 +30,14 @@ class Plan:
     keep_prefix: bool  # the prefix is not cached: keep it once this prompt is prefilled
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A conversation as it was before a segment was planned (see :meth:`Conversation.rewind`)."""
+
+    cached_tokens: torch.Tensor | None
+    history: tuple[torch.Tensor, ...]
+
+
 @dataclass
 class Conversation:
     # Token columns [C+1, P] whose keys/values sit in positions 0..P-1 of the slot; None while
@@ -66,6 +74,17 @@ class Conversation:
         # At least the last column is prefilled: its logits start the segment.
         prefill_from = min(common_prefix(cached, prompt), prompt.shape[1] - 1)
         return Plan(prompt, prefill_from, first and prefix_cached, first and not prefix_cached)
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.cached_tokens, tuple(self.history))
+
+    def rewind(self, checkpoint: Checkpoint, written_from: int) -> None:
+        """Back to ``checkpoint``: the segment planned after it was dropped unheard (a prepared
+        segment whose text did not come). Its prefill and frames overwrote the slot from
+        column ``written_from`` on, so of the tokens cached then only those before it remain."""
+        self.history[:] = checkpoint.history
+        cached = checkpoint.cached_tokens
+        self.cached_tokens = None if cached is None else cached[:, :written_from]
 
     def prefilled(self, prompt: torch.Tensor) -> None:
         """The slot now holds ``prompt``."""

@@ -364,6 +364,7 @@ class FishStream(EngineStream):
         self._max_frames = max_frames
         self._synthetic = synthetic
         self._handoff: PcmHandoff | None = None
+        self._prepared: tuple[str, SegmentJob, PcmHandoff] | None = None  # (piece, job, its audio)
         self._closed = threading.Event()
         self.stats = StreamStats()
 
@@ -371,18 +372,47 @@ class FishStream(EngineStream):
     def slot(self) -> StreamSlot:
         return self._slot
 
+    def prepare(self, text: str) -> None:
+        """The likely next segment is prefilled and its first chunk's frames made now; they go
+        to the vocoder once :meth:`synthesize` confirms the text (another text drops them and
+        rewinds the conversation). Not for a seeded stream, whose audio must not depend on
+        timing (its chunks would)."""
+        piece = split_piece(text)
+        if self._slot.cancelled.is_set() or not piece or self._params.seed is not None:
+            return
+        if self._prepared is not None:
+            if self._prepared[0] == piece:
+                return
+            self._generator.drop(self._prepared[1])
+        handoff = PcmHandoff()
+        job = self._job(piece, handoff)
+        job.held = True
+        self._generator.submit(job)
+        self._prepared = (piece, job, handoff)
+
     async def synthesize(self, text: str) -> AsyncIterator[PcmF32]:
         # Upstream's splitter strips each piece after cleaning and drops one with nothing to
         # say (e.g. only emoji): no prompt, no speech.
         piece = split_piece(text)
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and (prepared[0] != piece or self._slot.cancelled.is_set()):
+            self._generator.drop(prepared[1])
+            prepared = None
         if self._slot.cancelled.is_set() or not piece:
             return
-        handoff = PcmHandoff()
+        if prepared is None:
+            handoff = PcmHandoff()
+            job = self._job(piece, handoff)
+        else:
+            _, job, handoff = prepared
         self._handoff = handoff
         self._voice.on_pcm = handoff.post
         self._voice.on_segment_end = handoff.end
         self._voice.on_error = handoff.post
-        self._generator.submit(self._job(piece, handoff))
+        if prepared is None:
+            self._generator.submit(job)
+        else:
+            self._generator.confirm(job)
         started_s = time.perf_counter()
         try:
             async for pcm in handoff.chunks(self.stats, "Fish"):
@@ -417,6 +447,7 @@ class FishStream(EngineStream):
 
     def cancel(self) -> None:
         self._slot.cancelled.set()  # both workers drop this stream's work from now on
+        self._prepared = None  # (a prepared job too)
         if self._handoff is not None:
             self._handoff.stop()  # the coroutine waiting for audio returns at once
 

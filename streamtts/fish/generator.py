@@ -62,6 +62,16 @@ class _Submit:
 
 
 @dataclass(frozen=True)
+class _Confirm:
+    job: SegmentJob
+
+
+@dataclass(frozen=True)
+class _Drop:
+    job: SegmentJob
+
+
+@dataclass(frozen=True)
 class _Release:
     stream: StreamSlot
 
@@ -77,7 +87,7 @@ class _Call:
     future: Future[object]  # gets fn's result or error; the generator carries on either way
 
 
-_Command = _Submit | _Release | _Forget | _Call
+_Command = _Submit | _Confirm | _Drop | _Release | _Forget | _Call
 
 
 class GeneratorWorker(Worker[_Command]):
@@ -155,7 +165,19 @@ class GeneratorWorker(Worker[_Command]):
         self.post(_Forget(voice_id))
 
     def submit(self, job: SegmentJob) -> None:
+        """Generate ``job``'s segment; a ``held`` job (prepared ahead of its text's
+        confirmation) makes its prefill and its first chunk's frames, then waits for
+        :meth:`confirm` or :meth:`drop`."""
         self.post(_Submit(job))
+
+    def confirm(self, job: SegmentJob) -> None:
+        """A held job's segment came: its frames go to the vocoder from now on."""
+        self.post(_Confirm(job))
+
+    def drop(self, job: SegmentJob) -> None:
+        """A held job's segment did not come: its work stops and its stream's conversation is
+        as if it had never been submitted."""
+        self.post(_Drop(job))
 
     def call(self, fn: Callable[[], object]) -> Future[object]:
         """Run ``fn`` on the generator thread between iterations."""
@@ -181,7 +203,7 @@ class GeneratorWorker(Worker[_Command]):
             if self._settings.compile:
                 self._compile()
             self._prefill_prefix()
-            while (commands := self.take(block=not self._jobs)) is not None:
+            while (commands := self.take(block=self._idle())) is not None:
                 for command in commands:
                     self._apply(command)
                 started_s = time.perf_counter()
@@ -192,6 +214,10 @@ class GeneratorWorker(Worker[_Command]):
                 if batch and not prefilled:  # a plain decode iteration: what a frame costs
                     with self.cost_lock:
                         self.cost.observe(iteration_s, self._frame_s, batch)
+
+    def _idle(self) -> bool:
+        """Nothing to do until a command comes (held jobs with their first chunk made wait)."""
+        return all(job.parked for job in self._jobs)
 
     def fail_all(self, exc: BaseException) -> None:
         for job in self._jobs:
@@ -215,12 +241,32 @@ class GeneratorWorker(Worker[_Command]):
     def _apply(self, command: _Command) -> None:
         if isinstance(command, _Submit):
             self._jobs.append(command.job)
+        elif isinstance(command, _Confirm):
+            self._confirm(command.job)
+        elif isinstance(command, _Drop):
+            self._drop(command.job)
         elif isinstance(command, _Release):
             self._jobs = [j for j in self._jobs if j.stream is not command.stream]
         elif isinstance(command, _Forget):
             self._prefixes.forget(command.voice_id)
         else:
             fulfil(command.future, command.fn)
+
+    def _confirm(self, job: SegmentJob) -> None:
+        if job.dropped or job.stream.cancelled.is_set():
+            return
+        job.held = False
+        if job.phase is Phase.DECODE:  # frames made while held go now (all, if it finished)
+            self._guarded(job, self._emit)
+            # On the CPU the vocoder runs inline after each iteration: run it now, or the first
+            # audio would wait for another decode step.
+            self._after_iteration()
+
+    def _drop(self, job: SegmentJob) -> None:
+        job.dropped = job.finished = True
+        self._jobs = [j for j in self._jobs if j is not job]
+        if job.checkpoint is not None:  # planned: its prefill wrote the slot from there on
+            job.stream.conversation.rewind(job.checkpoint, job.written_from)
 
     def _iterate(self) -> tuple[int, bool]:
         """One iteration; returns its decode batch size and whether it prefilled."""
@@ -231,7 +277,7 @@ class GeneratorWorker(Worker[_Command]):
             self._guarded(chosen, self._prefill_chunk)
             chunk_s = time.perf_counter() - now_s
             self._prefill_chunk_s = max(chunk_s, 0.8 * self._prefill_chunk_s + 0.2 * chunk_s)
-        live = [j for j in self._jobs if not j.finished]
+        live = [j for j in self._jobs if not j.finished and not j.parked]
         waiting = any(not j.decoding for j in live)
         batch = self._scheduler.decode_batch(live, time.perf_counter(), waiting)
         if batch:
@@ -250,7 +296,7 @@ class GeneratorWorker(Worker[_Command]):
             self._fail(job, exc)
 
     def _fail(self, job: SegmentJob, exc: BaseException) -> None:
-        job.finished = True
+        job.finished = job.dropped = True  # a held one's frames never go, even if confirmed
         job.on_error(exc)
 
     # ---- prefill ----
@@ -283,6 +329,8 @@ class GeneratorWorker(Worker[_Command]):
     def _plan(self, job: SegmentJob) -> None:
         """Build the segment's prompt and decide how much of it the slot already holds."""
         stream = job.stream
+        if job.held:
+            job.checkpoint = stream.conversation.checkpoint()
         if job.params.seed is not None and stream.rng is None:
             stream.rng = torch.Generator(self._model.device).manual_seed(job.params.seed)
         plan = stream.conversation.plan(
@@ -295,7 +343,7 @@ class GeneratorWorker(Worker[_Command]):
         if plan.copy_prefix:
             self._prefixes.copy_into(stream.voice, self._cache, stream.slot)
         job.prompt = plan.prompt
-        job.prefill_pos = plan.prefill_from
+        job.prefill_pos = job.written_from = plan.prefill_from
         job.keep_prefix = plan.keep_prefix
 
     # ---- decode ----
@@ -351,7 +399,10 @@ class GeneratorWorker(Worker[_Command]):
         """Hand frames to the vocoder per the chunk schedule (all of them once finished).
 
         Like upstream, the prefill frame is not vocoded and the final ``<|im_end|>`` frame is.
+        A held job's frames wait for its confirmation.
         """
+        if job.held:
+            return
         pending = len(job.frames) - 1 - job.sent_frames
         now_s = time.perf_counter()
         lead_s = job.stream.clock.lead_s(now_s)

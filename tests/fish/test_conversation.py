@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from streamtts.fish.conversation import MIN_FRAMES_ROOM, Conversation, common_prefix
+from streamtts.fish.conversation import MIN_FRAMES_ROOM, Conversation, Plan, common_prefix
 
 ROWS = 9
 
@@ -40,12 +40,19 @@ def test_a_voice_prefix_not_yet_cached_is_prefilled_with_the_first_turn_then_kep
     assert not later.copy_prefix and not later.keep_prefix  # only a stream's first segment
 
 
-def test_a_later_segment_prefills_only_what_its_prompt_adds() -> None:
+def one_segment_spoken() -> tuple[Conversation, torch.Tensor, Plan]:
+    """A conversation after its first segment (prefix of 3, turn of 2, frames of 3); its
+    prefix and that segment's plan."""
     conversation = Conversation()
     prefix = tokens(1, 2, 3)
     first = conversation.plan(prefix, tokens(10, 11), 4096, 1024)
     conversation.prefilled(first.prompt)
     conversation.completed(tokens(20, 21, 22))
+    return conversation, prefix, first
+
+
+def test_a_later_segment_prefills_only_what_its_prompt_adds() -> None:
+    conversation, prefix, _ = one_segment_spoken()
     second = conversation.plan(prefix, tokens(30, 31), 4096, 1024)
     assert not second.copy_prefix
     # prefix + turn0 + frames0 (3) + turn1: the slot holds prefix + turn0 + 2 frames.
@@ -64,3 +71,33 @@ def test_a_history_that_cannot_fit_starts_afresh() -> None:
 def test_common_prefix() -> None:
     a, b = tokens(1, 2, 3, 4), tokens(1, 2, 9)
     assert common_prefix(a, b) == 2 and common_prefix(a, a) == 4 and common_prefix(a, a[:, :0]) == 0
+
+
+def test_a_dropped_segment_is_rewound_to_what_the_slot_still_holds() -> None:
+    conversation, prefix, first = one_segment_spoken()
+    history = list(conversation.history)
+    checkpoint = conversation.checkpoint()
+    dropped = conversation.plan(prefix, tokens(30, 31), 4096, 1024)
+    conversation.prefilled(dropped.prompt)
+    conversation.completed(tokens(40, 41))
+    conversation.rewind(checkpoint, dropped.prefill_from)
+    assert conversation.history == history
+    cached = conversation.cached_tokens
+    assert cached is not None and torch.equal(cached, checkpoint.cached_tokens)  # all kept
+    again = conversation.plan(prefix, tokens(50), 4096, 1024)
+    assert again.prefill_from == 3 + 2 + 2  # as if the dropped segment had never been planned
+    # Where the dropped prompt rewrote the slot from an earlier column, only what precedes
+    # that column is still cached.
+    conversation.rewind(checkpoint, 4)
+    cached = conversation.cached_tokens
+    assert cached is not None and torch.equal(cached, first.prompt[:, :4])
+
+
+def test_a_dropped_first_segment_leaves_nothing_cached() -> None:
+    conversation = Conversation()
+    checkpoint = conversation.checkpoint()
+    plan = conversation.plan(tokens(1, 2, 3), tokens(10, 11), 4096, 1024)
+    conversation.prefilled(plan.prompt)
+    conversation.rewind(checkpoint, plan.prefill_from)
+    assert conversation.cached_tokens is None and conversation.history == []
+    assert conversation.plan(tokens(1, 2, 3), tokens(12), 4096, 1024).copy_prefix

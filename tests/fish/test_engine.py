@@ -412,3 +412,127 @@ async def test_profile_runs_on_the_model_thread(engine: FishEngine) -> None:
     with pytest.raises(ValueError, match="bench bug"):
         await engine.profile(broken)
     assert engine.healthy()  # the caller's error does not kill the worker
+
+
+async def parked(job: SegmentJob, timeout_s: float = 30.0) -> None:
+    """Wait until a prepared job has made its first chunk's frames and waits."""
+    give_up_s = time.perf_counter() + timeout_s
+    while not job.parked:
+        assert time.perf_counter() < give_up_s, "the prepared segment never got its first chunk"
+        await asyncio.sleep(0.01)
+
+
+def prepared_job(stream: FishStream) -> SegmentJob:
+    assert stream._prepared is not None
+    return stream._prepared[1]
+
+
+async def test_a_prepared_segment_waits_unheard_and_is_spoken_when_it_comes(
+    engine: FishEngine,
+) -> None:
+    text = TEXTS[0]
+    plain = fish_stream(engine)
+    want_audio = await speak(plain, [text])
+    want_frames = frames_of(plain)
+    plain.close()
+
+    stream = fish_stream(engine)
+    generator = engine._ready().generator
+    jobs: list[SegmentJob] = []
+
+    def seen(job: SegmentJob) -> None:
+        if job not in jobs:
+            jobs.append(job)
+
+    generator.before_job_work = seen
+    stream.prepare(text)
+    stream.prepare(text)  # the same hint again: nothing more
+    job = prepared_job(stream)
+    await parked(job)
+    # Parked: its first chunk is made, nothing reached the vocoder, and the generator neither
+    # decodes it further nor spins while it waits.
+    iterations = 0
+    drain = generator._after_iteration  # the inline vocoder's
+
+    def count() -> None:
+        nonlocal iterations
+        iterations += 1
+        drain()
+
+    generator._after_iteration = count
+    await asyncio.sleep(0.3)
+    generator._after_iteration = drain
+    assert len(job.frames) == 1 + job.schedule.first_frames
+    assert job.sent_frames == 0 and stream._prepared is not None
+    assert stream._prepared[2]._queue.empty()
+    assert iterations <= 1
+    audio = await speak(stream, [text])
+    assert jobs == [job]  # the prepared job was the segment's job
+    assert all(torch.equal(a, b) for a, b in zip(frames_of(stream), want_frames, strict=True))
+    assert audio.shape == want_audio.shape
+    np.testing.assert_allclose(audio, want_audio, atol=1e-4)
+    stream.close()
+
+
+@pytest.mark.parametrize("before", [[], ["A first segment, spoken."]])
+async def test_a_prepared_segment_that_does_not_come_leaves_no_trace(
+    engine: FishEngine, before: list[str]
+) -> None:
+    """The conversation is rewound: what the stream says next is what it would have said."""
+    texts = [*before, "What really comes next."]
+    plain = fish_stream(engine)
+    want_audio = await speak(plain, texts)
+    want_frames = frames_of(plain)
+    plain.close()
+
+    stream = fish_stream(engine)
+    idle_free = engine.capacity().free
+    parts = [await speak(stream, before)] if before else []
+    stream.prepare("A sentence that never comes.")
+    await parked(prepared_job(stream))
+    stream.prepare("Nor does this one.")  # replaces the first hint
+    await parked(prepared_job(stream))
+    parts.append(await speak(stream, texts[-1:]))
+    assert stream._prepared is None
+    frames = frames_of(stream)
+    assert len(frames) == len(want_frames)
+    assert all(torch.equal(a, b) for a, b in zip(frames, want_frames, strict=True))
+    np.testing.assert_allclose(np.concatenate(parts), want_audio, atol=1e-4)
+    stream.prepare("Left prepared at close.")
+    stream.close()
+    assert engine.capacity().free == idle_free + 1
+
+
+async def test_a_seeded_stream_prepares_nothing(engine: FishEngine) -> None:
+    stream = fish_stream(engine, SynthesisOptions(**SAMPLED, seed=3))
+    stream.prepare("Its audio must not depend on timing.")
+    assert stream._prepared is None
+    stream.close()
+
+
+async def test_a_cancel_drops_a_prepared_segment(engine: FishEngine) -> None:
+    stream = fish_stream(engine)
+    stream.prepare(TEXTS[1])
+    job = prepared_job(stream)
+    stream.cancel()
+    assert stream._prepared is None
+    assert [pcm async for pcm in stream.synthesize(TEXTS[1])] == []
+    stream.close()
+    assert job.sent_frames == 0
+
+
+async def test_a_prepared_segment_that_fails_fails_when_it_comes(engine: FishEngine) -> None:
+    stream = fish_stream(engine)
+    stream.prepare("please explode now")
+    job = prepared_job(stream)
+    give_up_s = time.perf_counter() + 30
+    while not job.dropped:  # the hook raised in the generator
+        assert time.perf_counter() < give_up_s
+        await asyncio.sleep(0.01)
+    with pytest.raises(SynthesisError):
+        await speak(stream, ["please explode now"])
+    stream.close()
+    other = fish_stream(engine)
+    assert (await speak(other, ["Still working."])).size == 2 * 9 * FRAME_SAMPLES
+    other.close()
+    assert engine.healthy()

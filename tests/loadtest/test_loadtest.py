@@ -107,8 +107,8 @@ def test_engine_bench_reports_ttfa_and_concurrency(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [sys.executable, "-m", "loadtest.engine_bench", "--model", "synthetic:tiny", "--dtype",
-         "fp32", "--runs", "2", "--streams", "1", "2", "--reference-s", "3", "--json",
-         str(out)],
+         "fp32", "--runs", "2", "--streams", "1", "2", "--reference-s", "3", "--hint-ms",
+         "40", "--json", str(out)],
         cwd=REPO_DIR, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -119,6 +119,10 @@ def test_engine_bench_reports_ttfa_and_concurrency(tmp_path: Path) -> None:
     cloned = figures["cloned_voice"]
     assert cloned["reference_s"] == 3 and cloned["reference_frames"] == 65
     assert cloned["ttfa_ms_first_use"] > 0 and cloned["later_over_default"] > 0
+    hinted = figures["hinted"]
+    assert hinted["hint_ms"] == 40 and hinted["ttfa_ms_hinted_p50"] > 0
+    assert hinted["ttfa_ms_unhinted_p50"] > 0 and "paired_difference_ms_p50" in hinted
+    assert "hinted" in result.stderr
 
 
 def test_an_empty_png_path_skips_the_chart(live_fish_server: str, tmp_path: Path) -> None:
