@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -72,6 +73,8 @@ async def run_client(
     loop, which may be serving the server it talks to); its events."""
     proc = await asyncio.create_subprocess_exec(
         str(require_clients()),
+        "-X",
+        "faulthandler",  # SIGABRT prints every thread's stack: where a stuck client is
         "-m",
         f"loadtest.compat.{name}",
         *args,
@@ -87,11 +90,15 @@ async def run_client(
     try:
         await asyncio.wait_for(proc.wait(), timeout_s)
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
+        proc.send_signal(signal.SIGABRT)  # its stacks, then it ends
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
         out, err = await out_read, await err_read
-        # Its events so far say where it stopped (a client that reads until the server closes
-        # the socket waits forever for a close that never comes).
+        # Its events so far and its stacks say where it stopped (a client that reads until the
+        # server closes the socket waits forever for a close that never comes).
         raise ClientError(
             f"client {name} timed out after {timeout_s:.0f} s\n--- stdout\n"
             f"{out.decode()[-4000:]}\n--- stderr\n{err.decode()[-8000:]}"
