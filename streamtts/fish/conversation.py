@@ -23,19 +23,22 @@ MIN_FRAMES_ROOM = 64
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """A conversation as it was before a segment was planned, and the first slot column that
+    segment writes (see :meth:`Conversation.rewind`)."""
+
+    cached_tokens: torch.Tensor | None
+    history: tuple[torch.Tensor, ...]
+    written_from: int
+
+
+@dataclass(frozen=True)
 class Plan:
     prompt: torch.Tensor  # [C+1, L]
     prefill_from: int  # the first prompt column the slot does not hold yet (< L)
     copy_prefix: bool  # copy the voice prefix's cached keys/values into the slot first
     keep_prefix: bool  # the prefix is not cached: keep it once this prompt is prefilled
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A conversation as it was before a segment was planned (see :meth:`Conversation.rewind`)."""
-
-    cached_tokens: torch.Tensor | None
-    history: tuple[torch.Tensor, ...]
+    undo: Checkpoint  # where to rewind to if the segment is dropped unheard
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Conversation:
         """Add ``turn`` to the history and plan its segment's prompt. ``prefix_cached``: the
         voice prefix's keys/values are cached (else the first segment prefills it)."""
         first = self.cached_tokens is None
+        before, history = self.cached_tokens, tuple(self.history)
         if self.cached_tokens is not None:
             cached = self.cached_tokens
         else:
@@ -73,18 +77,19 @@ class Conversation:
         self.cached_tokens = cached
         # At least the last column is prefilled: its logits start the segment.
         prefill_from = min(common_prefix(cached, prompt), prompt.shape[1] - 1)
-        return Plan(prompt, prefill_from, first and prefix_cached, first and not prefix_cached)
+        undo = Checkpoint(before, history, prefill_from)
+        return Plan(
+            prompt, prefill_from, first and prefix_cached, first and not prefix_cached, undo
+        )
 
-    def checkpoint(self) -> Checkpoint:
-        return Checkpoint(self.cached_tokens, tuple(self.history))
-
-    def rewind(self, checkpoint: Checkpoint, written_from: int) -> None:
+    def rewind(self, checkpoint: Checkpoint) -> None:
         """Back to ``checkpoint``: the segment planned after it was dropped unheard (a prepared
         segment whose text did not come). Its prefill and frames overwrote the slot from
-        column ``written_from`` on, so of the tokens cached then only those before it remain."""
+        column ``checkpoint.written_from`` on, so of the tokens cached then only those before
+        it remain."""
         self.history[:] = checkpoint.history
         cached = checkpoint.cached_tokens
-        self.cached_tokens = None if cached is None else cached[:, :written_from]
+        self.cached_tokens = None if cached is None else cached[:, : checkpoint.written_from]
 
     def prefilled(self, prompt: torch.Tensor) -> None:
         """The slot now holds ``prompt``."""

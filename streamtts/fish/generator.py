@@ -265,8 +265,8 @@ class GeneratorWorker(Worker[_Command]):
     def _drop(self, job: SegmentJob) -> None:
         job.dropped = job.finished = True
         self._jobs = [j for j in self._jobs if j is not job]
-        if job.checkpoint is not None:  # planned: its prefill wrote the slot from there on
-            job.stream.conversation.rewind(job.checkpoint, job.written_from)
+        if job.undo is not None:  # planned: its prefill wrote the slot
+            job.stream.conversation.rewind(job.undo)
 
     def _iterate(self) -> tuple[int, bool]:
         """One iteration; returns its decode batch size and whether it prefilled."""
@@ -329,8 +329,6 @@ class GeneratorWorker(Worker[_Command]):
     def _plan(self, job: SegmentJob) -> None:
         """Build the segment's prompt and decide how much of it the slot already holds."""
         stream = job.stream
-        if job.held:
-            job.checkpoint = stream.conversation.checkpoint()
         if job.params.seed is not None and stream.rng is None:
             stream.rng = torch.Generator(self._model.device).manual_seed(job.params.seed)
         plan = stream.conversation.plan(
@@ -343,8 +341,9 @@ class GeneratorWorker(Worker[_Command]):
         if plan.copy_prefix:
             self._prefixes.copy_into(stream.voice, self._cache, stream.slot)
         job.prompt = plan.prompt
-        job.prefill_pos = job.written_from = plan.prefill_from
+        job.prefill_pos = plan.prefill_from
         job.keep_prefix = plan.keep_prefix
+        job.undo = plan.undo
 
     # ---- decode ----
 

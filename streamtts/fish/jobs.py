@@ -121,16 +121,15 @@ class SegmentJob:
     phase: Phase = Phase.PREFILL
     prompt: torch.Tensor | None = None  # [C+1, L], built on the generator thread (CPU)
     prefill_pos: int = 0  # next prompt column to prefill
-    written_from: int = 0  # the first slot column its prefill writes (set at planning)
     keep_prefix: bool = False  # keep the voice prefix's keys/values once prefilled
     frames: list[torch.Tensor] = field(default_factory=list)  # generated [C+1] columns (device)
     sent_frames: int = 0  # of ``frames[1:]`` already handed to the vocoder
     finished: bool = False
     # Prepared ahead of its segment's confirmation (EngineStream.prepare): its frames wait for
-    # confirm, or are dropped and the conversation rewound to ``checkpoint`` (set at planning).
+    # confirm, or are dropped and the conversation rewound to ``undo`` (its plan's).
     held: bool = False
     dropped: bool = False  # (or failed) nothing more of it goes to the vocoder
-    checkpoint: Checkpoint | None = None
+    undo: Checkpoint | None = None
 
     @property
     def parked(self) -> bool:

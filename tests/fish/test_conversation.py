@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from streamtts.fish.conversation import MIN_FRAMES_ROOM, Conversation, Plan, common_prefix
@@ -75,29 +77,28 @@ def test_common_prefix() -> None:
 
 def test_a_dropped_segment_is_rewound_to_what_the_slot_still_holds() -> None:
     conversation, prefix, first = one_segment_spoken()
-    history = list(conversation.history)
-    checkpoint = conversation.checkpoint()
+    history, before = list(conversation.history), conversation.cached_tokens
     dropped = conversation.plan(prefix, tokens(30, 31), 4096, 1024)
+    assert dropped.undo.written_from == dropped.prefill_from
     conversation.prefilled(dropped.prompt)
     conversation.completed(tokens(40, 41))
-    conversation.rewind(checkpoint, dropped.prefill_from)
+    conversation.rewind(dropped.undo)
     assert conversation.history == history
     cached = conversation.cached_tokens
-    assert cached is not None and torch.equal(cached, checkpoint.cached_tokens)  # all kept
+    assert cached is not None and before is not None and torch.equal(cached, before)  # all kept
     again = conversation.plan(prefix, tokens(50), 4096, 1024)
     assert again.prefill_from == 3 + 2 + 2  # as if the dropped segment had never been planned
     # Where the dropped prompt rewrote the slot from an earlier column, only what precedes
     # that column is still cached.
-    conversation.rewind(checkpoint, 4)
+    conversation.rewind(dataclasses.replace(dropped.undo, written_from=4))
     cached = conversation.cached_tokens
     assert cached is not None and torch.equal(cached, first.prompt[:, :4])
 
 
 def test_a_dropped_first_segment_leaves_nothing_cached() -> None:
     conversation = Conversation()
-    checkpoint = conversation.checkpoint()
     plan = conversation.plan(tokens(1, 2, 3), tokens(10, 11), 4096, 1024)
     conversation.prefilled(plan.prompt)
-    conversation.rewind(checkpoint, plan.prefill_from)
+    conversation.rewind(plan.undo)
     assert conversation.cached_tokens is None and conversation.history == []
     assert conversation.plan(tokens(1, 2, 3), tokens(12), 4096, 1024).copy_prefix
