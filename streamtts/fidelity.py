@@ -38,7 +38,7 @@ from streamtts.models.fish.packed import is_packed
 
 TEXT = "The weather is lovely today, so let us walk down to the sea and watch the boats."
 GREEDY = SamplingParams(top_p=1e-4, repetition_penalty=1.0)
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}  # int8 and auto: by the CPU
 COMPARED = ("bf16", "int8", "auto")  # auto: what the engine runs by default on this machine
 
 

@@ -83,9 +83,11 @@ def choose_device(requested: str) -> torch.device:
 
 
 def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32."""
+    """The dtype the model computes in. ``auto``: bf16 on CUDA and on CPUs with native bf16
+    (AVX512-BF16/AMX), else fp32. ``int8`` (int8 weights) computes in what ``auto`` picks: on a
+    CPU without native bf16, bf16 activations would run emulated."""
     named = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-    if requested != "auto":
+    if requested not in ("auto", "int8"):
         if requested not in named:
             raise ValueError(f"dtype must be auto, bf16, fp16, fp32 or int8, got {requested!r}")
         return named[requested]
@@ -95,13 +97,13 @@ def choose_dtype(requested: str, device: torch.device) -> torch.dtype:
 
 
 def emulation_warning(dtype: torch.dtype, device: torch.device) -> str | None:
-    """Why ``dtype`` will run slowly on ``device``: bf16 on a CPU without native bf16 (asked
-    for explicitly, or as int8's activations), which torch emulates; else None."""
+    """Why ``dtype`` will run slowly on ``device``: bf16 asked for on a CPU without native bf16,
+    which torch emulates; else None."""
     if device.type != "cpu" or dtype != torch.bfloat16 or _cpu_has_native_bf16():
         return None
     return (
-        "this CPU has no native bf16 (AVX512-BF16/AMX): torch emulates bf16, so bf16 and int8 "
-        "(whose activations are bf16) run far slower than fp32 here; dtype auto picks fp32"
+        "this CPU has no native bf16 (AVX512-BF16/AMX): torch emulates bf16, so it runs far "
+        "slower than fp32 here; dtype auto picks fp32 (and int8 computes in fp32)"
     )
 
 

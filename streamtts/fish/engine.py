@@ -49,7 +49,7 @@ from streamtts.fish.devices import (
 from streamtts.fish.generator import GeneratorWorker, JobHook
 from streamtts.fish.jobs import ChunkSchedule, SegmentJob, StreamSlot
 from streamtts.fish.load import load_fish_bundle, prepare_llm
-from streamtts.fish.settings import INT8, FishSettings
+from streamtts.fish.settings import FishSettings
 from streamtts.fish.spec import FishSpec
 from streamtts.fish.vocoder import VocoderStream, VocoderWorker
 from streamtts.models.fish.codec.encoder import FireflyEncoder, encode_reference
@@ -129,10 +129,11 @@ class FishEngine(Engine):
     def _load(self) -> _Loaded:
         s = self._settings
         device = choose_device(s.device)
-        int8 = s.dtype == INT8
-        dtype = choose_dtype("bf16" if int8 else s.dtype, device)
+        dtype = choose_dtype(s.dtype, device)  # int8: its activations
         set_cpu_threads(s.cpu_threads)
-        log.info("loading %s on %s in %s", self._spec.text, device, INT8 if int8 else dtype)
+        log.info(
+            "loading %s on %s: dtype %s, computing in %s", self._spec.text, device, s.dtype, dtype
+        )
         if (warning := emulation_warning(dtype, device)) is not None:
             log.warning("dtype %s: %s", s.dtype, warning)
         bundle = load_fish_bundle(self._spec, device, dtype)

@@ -35,7 +35,7 @@ async def test_run_on_own_thread_raises_the_jobs_error() -> None:
 @pytest.mark.parametrize(
     ("native", "dtype", "device", "warns"),
     [
-        (False, torch.bfloat16, "cpu", True),  # bf16 (explicit, or int8's activations) emulated
+        (False, torch.bfloat16, "cpu", True),  # bf16 asked for, emulated
         (True, torch.bfloat16, "cpu", False),
         (False, torch.float32, "cpu", False),
         (False, torch.bfloat16, "cuda", False),
@@ -49,3 +49,22 @@ def test_a_dtype_this_cpu_emulates_is_warned_about(
     assert (warning is not None) == warns
     if warning is not None:
         assert "emulates bf16" in warning and "auto picks fp32" in warning
+
+
+@pytest.mark.parametrize(
+    ("native", "device", "computes_in"),
+    [
+        (True, "cpu", torch.bfloat16),
+        (False, "cpu", torch.float32),  # bf16 activations would run emulated here
+        (False, "cuda", torch.bfloat16),
+    ],
+)
+def test_int8_computes_in_the_dtype_auto_picks(
+    monkeypatch: pytest.MonkeyPatch, native: bool, device: str, computes_in: torch.dtype
+) -> None:
+    monkeypatch.setattr(devices, "_cpu_has_native_bf16", lambda: native)
+    for requested in ("auto", "int8"):
+        assert devices.choose_dtype(requested, torch.device(device)) == computes_in
+    assert devices.choose_dtype("bf16", torch.device(device)) == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype must be"):
+        devices.choose_dtype("int4", torch.device(device))

@@ -1,19 +1,26 @@
 """Int8 weight-only quantization of the text-to-semantic model's linear layers (CPU).
 
 Each weight matrix ``[out, in]`` is stored as int8 with one symmetric scale per output channel
-(``scale = max|w_row| / 127``); activations stay bf16. A decode step is memory-bound, so halving
-the bytes of weights read makes it faster: on the 2-core dev CPU a 4096x1024 matrix-vector
+(``scale = max|w_row| / 127``). A decode step is memory-bound, so reading a quarter of fp32's
+bytes (half of bf16's) makes it faster: on the 2-core dev CPU a 4096x1024 matrix-vector
 product takes 0.12 ms instead of 0.32 ms in bf16 (24 distinct matrices, beyond the caches).
 The matrix-vector products of decode steps are torch's ``_weight_int8pack_mm`` CPU kernel.
 
-That kernel works row by row, so its cost grows linearly with the rows: a 64-token prompt chunk
-took 1.6 ms per 4096x1024 matrix, twice bf16's 0.78 ms. Prompt chunks (a sequence axis of at
-least :data:`PROMPT_GEMM_MIN_TOKENS`) therefore convert the integers to bf16 (exact: |q| <= 127)
-and run bf16's matrix-matrix kernel, scaling each output channel after it: 0.84 ms. The output
-is rounded twice (the product, then the scaled product) where the row kernel rounds once: a
-prompt's activations may differ from the row kernel's by a bf16 step. Decode steps (one
-position per row, any batch) always take the row kernel, so a stream's frames do not depend on
-how many other streams share its step.
+That kernel is vectorized for bf16 activations but not for fp32 ones (on a Zen 3 without
+native bf16: 1.1 ms per 4096x1024 product with bf16 activations, 6.1 ms with fp32, 2.3 ms for
+a packed fp32 weight), so it always runs in bf16 (:data:`ROW_KERNEL_DTYPE`): a model computing
+in fp32 (``int8`` where the CPU has no native bf16, see ``streamtts.fish.devices``) rounds a
+decode step's inputs to bf16 for it and takes its bf16 outputs back to fp32; everything around
+the products stays fp32.
+
+The row kernel works row by row, so its cost grows linearly with the rows: a 64-token prompt
+chunk took 1.6 ms per 4096x1024 matrix, twice bf16's 0.78 ms. Prompt chunks (a sequence axis of
+at least :data:`PROMPT_GEMM_MIN_TOKENS`) therefore convert the integers to the model's dtype
+(exact: |q| <= 127) and run its matrix-matrix kernel, scaling each output channel after it:
+0.84 ms. In bf16 the output is rounded twice (the product, then the scaled product) where the
+row kernel rounds once: a prompt's activations may differ from the row kernel's by a bf16 step.
+Decode steps (one position per row, any batch) always take the row kernel, so a stream's
+frames do not depend on how many other streams share its step.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from streamtts.models.fish.swap import replace_linears_
 INT8_MAX = 127
 # Prompt chunks at least this long take the convert-then-GEMM path (equal speed at 16 rows).
 PROMPT_GEMM_MIN_TOKENS = 16
+ROW_KERNEL_DTYPE = torch.bfloat16  # the activations of torch's int8 row kernel, and its scales
 
 
 class Int8Linear(nn.Module):
@@ -43,12 +51,12 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scales)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, dtype: torch.dtype) -> Int8Linear:
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         if linear.bias is not None:
             raise ValueError("int8 weight-only layers have no bias (the Fish LLM has none)")
         weight = linear.weight.detach().float()  # [out, in]
-        # Quantise against the scale as stored (rounded to the activation dtype).
-        scales = (weight.abs().amax(dim=1).clamp(min=1e-12) / INT8_MAX).to(dtype)  # [out]
+        # Quantise against the scale as stored (rounded to the row kernel's dtype).
+        scales = (weight.abs().amax(dim=1).clamp(min=1e-12) / INT8_MAX).to(ROW_KERNEL_DTYPE)
         weight_q = (weight / scales.float()[:, None]).round().clamp(-INT8_MAX, INT8_MAX)
         return cls(weight_q.to(torch.int8).contiguous(), scales)
 
@@ -59,22 +67,21 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() >= 3 and x.shape[-2] >= PROMPT_GEMM_MIN_TOKENS:  # [..., S, in]: a prompt
             product = F.linear(x, self.weight_q.to(x.dtype))  # [..., S, out]
-            return product * self.scales
+            return product * self.scales.to(x.dtype)
         shape = x.shape
-        flat = x.reshape(-1, self.in_features)  # [N, in]
+        flat = x.reshape(-1, self.in_features).to(ROW_KERNEL_DTYPE)  # [N, in]
         y = torch._weight_int8pack_mm(flat, self.weight_q, self.scales)  # [N, out]
-        return y.reshape(*shape[:-1], self.out_features)
+        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
 
 def quantize_int8_(model: nn.Module) -> int:
     """Replace every ``nn.Linear`` of ``model`` in place; returns how many were replaced.
 
-    The model must be on the CPU in the activation dtype (bf16) it will run in.
+    The model must be on the CPU in the dtype it will compute in (bf16 or fp32).
     """
-    dtype = next(model.parameters()).dtype
     if next(model.parameters()).device.type != "cpu":
         raise ValueError("int8 weight-only quantization is implemented for the CPU only")
-    return replace_linears_(model, lambda linear: Int8Linear.from_linear(linear, dtype))
+    return replace_linears_(model, Int8Linear.from_linear)
 
 
 def is_int8(model: nn.Module) -> bool:

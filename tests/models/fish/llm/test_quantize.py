@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -11,6 +12,7 @@ from streamtts.models.fish.llm.checkpoint import load_fish_llm
 from streamtts.models.fish.llm.quantize import (
     INT8_MAX,
     PROMPT_GEMM_MIN_TOKENS,
+    ROW_KERNEL_DTYPE,
     Int8Linear,
     quantize_int8_,
 )
@@ -20,7 +22,7 @@ from tests.fish_fixture import Index, expected
 def test_int8_linear_applies_its_dequantized_weight() -> None:
     torch.manual_seed(0)
     linear = nn.Linear(96, 40, bias=False).to(torch.bfloat16)
-    q = Int8Linear.from_linear(linear, torch.bfloat16)
+    q = Int8Linear.from_linear(linear)
     assert q.weight_q.dtype == torch.int8 and q.weight_q.shape == (40, 96)
     # Round to nearest: every weight within half a step of its channel's scale (a hair more
     # where the bf16-rounded scale makes the row's largest weight clamp at 127).
@@ -36,7 +38,7 @@ def test_int8_linear_applies_its_dequantized_weight() -> None:
 
 def test_prompt_chunks_take_the_matrix_path_within_a_rounding_of_the_row_kernel() -> None:
     torch.manual_seed(1)
-    q = Int8Linear.from_linear(nn.Linear(256, 512, bias=False).to(torch.bfloat16), torch.bfloat16)
+    q = Int8Linear.from_linear(nn.Linear(256, 512, bias=False).to(torch.bfloat16))
     tokens = PROMPT_GEMM_MIN_TOKENS + 24
     x = torch.randn(1, tokens, 256, dtype=torch.bfloat16)  # [B, S, in]: a prompt chunk
     got = q(x).float()
@@ -52,10 +54,28 @@ def test_prompt_chunks_take_the_matrix_path_within_a_rounding_of_the_row_kernel(
     assert bool(((got - rows).abs() <= 2 * step).all())
 
 
-def test_quantized_fixture_model_stays_close_to_bf16(
-    fish_fixture_dir: Path, fish_index: Index
+def test_an_fp32_model_runs_the_row_kernel_in_bf16_and_stays_fp32_around_it() -> None:
+    """Where int8 computes in fp32 (a CPU without native bf16), a decode row goes through the
+    bf16 row kernel (the vectorized one) and comes back fp32; a prompt chunk runs fp32's own
+    matrix product on the exact dequantized weight."""
+    torch.manual_seed(2)
+    q = Int8Linear.from_linear(nn.Linear(96, 40, bias=False))
+    assert q.scales.dtype == ROW_KERNEL_DTYPE
+    rows = torch.randn(3, 1, 96)  # [B, 1, in]: a decode step
+    got = q(rows)
+    assert got.dtype == torch.float32 and got.shape == (3, 1, 40)
+    assert torch.equal(got, q(rows.to(ROW_KERNEL_DTYPE)).float())
+    prompt = torch.randn(1, PROMPT_GEMM_MIN_TOKENS + 4, 96)
+    got = q(prompt)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, prompt @ q.dequantized().T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantized_fixture_model_stays_close_to_its_dtype(
+    fish_fixture_dir: Path, fish_index: Index, dtype: torch.dtype
 ) -> None:
-    llm = load_fish_llm(fish_fixture_dir, torch.bfloat16)
+    llm = load_fish_llm(fish_fixture_dir, dtype)
     tokens = torch.from_numpy(expected(fish_fixture_dir, fish_index, "llm_input.npy"))
     with torch.inference_mode():
         want = llm.model.forward_slow_train(tokens).logits.float()
