@@ -28,6 +28,7 @@ import asyncio
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,20 @@ def reference_audio(seconds: float, rate_hz: int = 44_100) -> npt.NDArray[np.flo
     return (0.2 * voiced * envelope).astype(np.float32)
 
 
+Timed = tuple[str, Callable[[], Awaitable[float]]]  # (its name in the log, a timing in ms)
+
+
+async def alternated(a: Timed, b: Timed, runs: int) -> tuple[list[float], list[float]]:
+    """``runs`` pairs of timings, each pair back to back so that both see the same machine."""
+    a_ms: list[float] = []
+    b_ms: list[float] = []
+    for i in range(runs):
+        a_ms.append(await a[1]())
+        b_ms.append(await b[1]())
+        log(f"  run {i + 1}/{runs}: {a[0]} {a_ms[-1]:.0f} ms, {b[0]} {b_ms[-1]:.0f} ms")
+    return a_ms, b_ms
+
+
 async def cloned_voice_ttfa(engine: FishEngine, reference_s: float, runs: int) -> dict[str, Any]:
     """TTFA of a voice cloned from ``reference_s`` seconds: its first use (which prefills the
     reference), later uses (which copy the kept prefix), and the default voice, in one run."""
@@ -121,11 +136,9 @@ async def cloned_voice_ttfa(engine: FishEngine, reference_s: float, runs: int) -
     )
     log(f"  cloned voice: {codes.shape[1]} frames from {reference_s:g} s in {encode_s:.1f} s")
     first = await ttfa_ms(engine, voice)
-    later, default = [], []
-    for i in range(runs):  # alternating, so both see the same machine
-        later.append(await ttfa_ms(engine, voice))
-        default.append(await ttfa_ms(engine))
-        log(f"  run {i + 1}/{runs}: cloned {later[-1]:.0f} ms, default {default[-1]:.0f} ms")
+    later, default = await alternated(
+        ("cloned", lambda: ttfa_ms(engine, voice)), ("default", lambda: ttfa_ms(engine)), runs
+    )
     later_p50, default_p50 = statistics.median(later), statistics.median(default)
     return {
         "reference_s": reference_s,
@@ -139,11 +152,11 @@ async def cloned_voice_ttfa(engine: FishEngine, reference_s: float, runs: int) -
 
 
 async def hinted_ttfa(engine: FishEngine, hint_ms: float, runs: int) -> dict[str, Any]:
-    hinted, unhinted = [], []
-    for i in range(runs):  # alternating, so both see the same machine
-        hinted.append(await ttfa_ms(engine, hint_s=hint_ms / 1000))
-        unhinted.append(await ttfa_ms(engine))
-        log(f"  run {i + 1}/{runs}: hinted {hinted[-1]:.0f} ms, unhinted {unhinted[-1]:.0f} ms")
+    hinted, unhinted = await alternated(
+        ("hinted", lambda: ttfa_ms(engine, hint_s=hint_ms / 1000)),
+        ("unhinted", lambda: ttfa_ms(engine)),
+        runs,
+    )
     hinted_p50, unhinted_p50 = statistics.median(hinted), statistics.median(unhinted)
     return {
         "hint_ms": hint_ms,
