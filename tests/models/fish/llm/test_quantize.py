@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ def test_int8_linear_applies_its_dequantized_weight() -> None:
 def test_prompt_chunks_take_the_matrix_path_within_a_rounding_of_the_row_kernel() -> None:
     torch.manual_seed(1)
     q = Int8Linear.from_linear(nn.Linear(256, 512, bias=False).to(torch.bfloat16))
-    tokens = PROMPT_GEMM_MIN_TOKENS + 24
+    tokens = PROMPT_GEMM_MIN_TOKENS[torch.bfloat16] + 24
     x = torch.randn(1, tokens, 256, dtype=torch.bfloat16)  # [B, S, in]: a prompt chunk
     got = q(x).float()
     # What the row kernel computes for the same rows (one position per row: a decode batch).
@@ -56,19 +57,59 @@ def test_prompt_chunks_take_the_matrix_path_within_a_rounding_of_the_row_kernel(
 
 def test_an_fp32_model_runs_the_row_kernel_in_bf16_and_stays_fp32_around_it() -> None:
     """Where int8 computes in fp32 (a CPU without native bf16), a decode row goes through the
-    bf16 row kernel (the vectorized one) and comes back fp32; a prompt chunk runs fp32's own
-    matrix product on the exact dequantized weight."""
+    bf16 row kernel (the vectorized one) and comes back fp32, and so does a prompt chunk shorter
+    than fp32's crossover; a longer chunk runs an fp32 matrix product on the exact dequantized
+    weight."""
     torch.manual_seed(2)
     q = Int8Linear.from_linear(nn.Linear(96, 40, bias=False))
     assert q.scales.dtype == ROW_KERNEL_DTYPE
-    rows = torch.randn(3, 1, 96)  # [B, 1, in]: a decode step
-    got = q(rows)
-    assert got.dtype == torch.float32 and got.shape == (3, 1, 40)
-    assert torch.equal(got, q(rows.to(ROW_KERNEL_DTYPE)).float())
-    prompt = torch.randn(1, PROMPT_GEMM_MIN_TOKENS + 4, 96)
+    crossover = PROMPT_GEMM_MIN_TOKENS[torch.float32]
+    for rows in (torch.randn(3, 1, 96), torch.randn(1, crossover - 1, 96)):  # decode; short
+        got = q(rows)
+        assert got.dtype == torch.float32 and got.shape == (*rows.shape[:-1], 40)
+        one_per_row = rows.reshape(-1, 1, 96).to(ROW_KERNEL_DTYPE)  # the row kernel's shape
+        assert torch.equal(got, q(one_per_row).reshape(got.shape).float())
+    prompt = torch.randn(1, crossover, 96)
     got = q(prompt)
     assert got.dtype == torch.float32
+    assert not torch.equal(got, q(prompt.reshape(-1, 1, 96)).reshape(got.shape))
     torch.testing.assert_close(got, prompt @ q.dequantized().T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_prompt_conversions_share_a_buffer_per_thread_without_mixing_layers(
+    dtype: torch.dtype,
+) -> None:
+    """Layers of different sizes take turns in one thread's conversion buffer, and threads
+    prefilling at once each use their own: every product matches its layer's alone."""
+    torch.manual_seed(3)
+    layers = [
+        Int8Linear.from_linear(nn.Linear(64, out, bias=False).to(dtype)) for out in (48, 160, 96)
+    ]
+    prompt = torch.randn(1, PROMPT_GEMM_MIN_TOKENS[dtype], 64, dtype=dtype)
+    exact = [(prompt.float() @ layer.dequantized().T) for layer in layers]
+    tolerance = 1e-5 if dtype == torch.float32 else 0.05
+    mismatches: list[int] = []
+
+    def run_layers(rounds: int) -> None:
+        for _ in range(rounds):
+            for index, layer in enumerate(layers):
+                got = layer(prompt).float()
+                if not torch.allclose(got, exact[index], rtol=tolerance, atol=tolerance):
+                    mismatches.append(index)
+
+    threads = [threading.Thread(target=run_layers, args=(50,)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    run_layers(50)
+    for thread in threads:
+        thread.join()
+    assert mismatches == []
+
+
+def test_int8_layers_refuse_a_dtype_they_do_not_compute_in() -> None:
+    with pytest.raises(ValueError, match="bf16 or fp32"):
+        quantize_int8_(nn.Sequential(nn.Linear(8, 8, bias=False).half()))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
