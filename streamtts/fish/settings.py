@@ -8,7 +8,8 @@ from streamtts.bounds import SettingsError, require_bounds
 
 AUTO = "auto"  # bf16 where the hardware has it, else fp32 (on the CPU with packed weights)
 INT8 = "int8"  # int8 weight-only linear layers (CPU), computing in the dtype auto picks
-DTYPES = (AUTO, "bf16", "fp16", "fp32", INT8)
+FP32 = "fp32"  # upstream's kernels throughout: the parity mode (nothing packed)
+DTYPES = (AUTO, "bf16", "fp16", FP32, INT8)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from streamtts.fish.jobs import SegmentJob
 from streamtts.fish.settings import FishSettings
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.tokenizer import FishTokenizer
+from streamtts.models.fish.packed import packs, packs_fp32
 from streamtts.options import OptionError
 from streamtts.scheduling import CostModel
 from tests.fish_fixture import (
@@ -276,18 +277,28 @@ async def test_a_segment_with_nothing_to_say_is_silent_not_an_error(engine: Fish
 
 
 async def test_int8_weights_serve_the_same_interface() -> None:
-    """int8 layers computing in what ``auto`` picks here (bf16 where the CPU has it)."""
+    """int8 layers computing in what ``auto`` picks here (bf16 where the CPU has it), with a
+    packed vocoder in that dtype (fp32 too: int8 is not the parity mode)."""
     engine = FishEngine("synthetic:tiny", FishSettings(dtype="int8", max_streams=1))
     await engine.start()
     try:
-        computes_in = str(choose_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
+        cpu = torch.device("cpu")
+        dtype = choose_dtype("auto", cpu)
+        computes_in = str(dtype).removeprefix("torch.")
         assert engine.describe()["dtype"] == f"int8+{computes_in}"
+        vocoder_packed = await engine.profile(lambda passes: passes.decoder.packed)
+        assert vocoder_packed is (packs(cpu, dtype) or packs_fp32(cpu, dtype))
         stream = fish_stream(engine)
         audio = await speak(stream, ["two words"])
         stream.close()
     finally:
         await engine.stop()
     assert audio.size == 2 * 9 * FRAME_SAMPLES
+
+
+async def test_explicit_fp32_keeps_upstreams_vocoder_kernels(engine: FishEngine) -> None:
+    """``fp32`` is the parity mode: its vocoder is not packed (``auto``'s fp32 is)."""
+    assert not await engine.profile(lambda passes: passes.decoder.packed)
 
 
 async def test_a_long_conversation_in_one_stream_keeps_speaking(engine: FishEngine) -> None:

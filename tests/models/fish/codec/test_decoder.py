@@ -7,6 +7,7 @@ group of independently decoded chunks; which codes each decoded is read from its
 
 from __future__ import annotations
 
+import copy
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 
 from streamtts.models.fish.codec.firefly import Firefly, load_firefly
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
-from streamtts.models.fish.packed import packs
+from streamtts.models.fish.packed import packs, packs_fp32
 from tests.fish_fixture import (
     FP32_DECODE,
     Index,
@@ -135,35 +136,79 @@ def test_bf16_incremental_close_to_fp32(
     assert next(firefly.decoder.parameters()).dtype == torch.float32
 
 
-@pytest.mark.skipif(
-    not packs(torch.device("cpu"), torch.bfloat16), reason="this CPU's oneDNN has no bf16 kernels"
-)
+CPU = torch.device("cpu")
+# Packed decoders: bf16 where oneDNN has bf16 kernels; fp32 (``pack_fp32``: ``dtype auto`` and
+# int8 without native bf16) wherever it has oneDNN, so every CPU runs one of them.
+PACKED_DTYPES = [
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(not packs(CPU, torch.bfloat16), reason="no oneDNN bf16 kernels"),
+        id="bf16",
+    ),
+    pytest.param(
+        torch.float32,
+        marks=pytest.mark.skipif(not packs_fp32(CPU, torch.float32), reason="no oneDNN"),
+        id="fp32",
+    ),
+]
+
+
+def _rounding_close(dtype: torch.dtype, got: np.ndarray, want: np.ndarray) -> None:
+    if dtype == torch.float32:
+        assert np.abs(got - want).max() <= FP32_TOL
+    else:
+        _bf16_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", PACKED_DTYPES)
 @pytest.mark.parametrize("name", entries(FP32_DECODE))
-def test_packed_bf16_decoder_within_a_rounding_of_the_unpacked_one(
-    firefly: Firefly, fish_fixture_dir: Path, fish_index: Index, name: str
+def test_packed_decoder_within_a_rounding_of_the_unpacked_one(
+    firefly: Firefly, fish_fixture_dir: Path, fish_index: Index, name: str, dtype: torch.dtype
 ) -> None:
     codes = codes_for(fish_fixture_dir, fish_index, name)
     fp32 = expected(fish_fixture_dir, fish_index, name)
     audio = {}
     for pack in (True, False):
-        dec = IncrementalDecoder(firefly.decoder, "cpu", torch.bfloat16, pack=pack)
+        dec = IncrementalDecoder(firefly.decoder, "cpu", dtype, pack=pack, pack_fp32=True)
         assert dec.packed is pack
         state = dec.new_state()
         frames = codes.shape[1]
         chunks = [dec.decode([state], [codes[:, i : i + 8]])[0] for i in range(0, frames, 8)]
         audio[pack] = torch.cat(chunks).numpy()
     assert not np.array_equal(audio[True], audio[False])  # the packed kernels really ran
-    # Each is a bf16 rendering of the fp32 audio; the packed one is no further from it.
-    errors = {pack: np.sqrt(np.mean((a - fp32) ** 2)) for pack, a in audio.items()}
-    assert errors[True] <= 1.5 * errors[False], errors
-    _bf16_close(audio[True], audio[False])
+    if dtype == torch.bfloat16:
+        # Each is a bf16 rendering of upstream's fp32 audio; the packed one is no further from
+        # it. (In fp32 both errors are float roundings, ~1e-7, their ratio noise.)
+        errors = {pack: np.sqrt(np.mean((a - fp32) ** 2)) for pack, a in audio.items()}
+        assert errors[True] <= 1.5 * errors[False], errors
+    _rounding_close(dtype, audio[True], audio[False])
+    _rounding_close(dtype, audio[True], fp32)
 
 
-@pytest.mark.skipif(
-    not packs(torch.device("cpu"), torch.bfloat16), reason="this CPU's oneDNN has no bf16 kernels"
-)
-def test_packed_decoder_batches_ragged_streams_like_single_ones(firefly: Firefly) -> None:
-    dec = IncrementalDecoder(firefly.decoder, "cpu", torch.bfloat16)
+def test_fp32_packs_only_when_asked_the_parity_mode_does_not(firefly: Firefly) -> None:
+    assert not IncrementalDecoder(firefly.decoder, "cpu", torch.float32).packed
+    asked = IncrementalDecoder(firefly.decoder, "cpu", torch.float32, pack_fp32=True)
+    assert asked.packed is packs_fp32(CPU, torch.float32)
+
+
+@pytest.mark.skipif(not packs_fp32(CPU, torch.float32), reason="no oneDNN")
+def test_packing_copies_the_callers_decoder_unless_given_it(firefly: Firefly) -> None:
+    def packed_convs(decoder: torch.nn.Module) -> int:
+        return sum(getattr(m, "packed", None) is not None for m in decoder.modules())
+
+    copied = IncrementalDecoder(firefly.decoder, "cpu", torch.float32, pack_fp32=True)
+    assert copied.decoder is not firefly.decoder and packed_convs(copied.decoder) > 0
+    assert packed_convs(firefly.decoder) == 0
+    own = copy.deepcopy(firefly.decoder)
+    given = IncrementalDecoder(own, "cpu", torch.float32, pack_fp32=True, in_place=True)
+    assert given.decoder is own and packed_convs(own) == packed_convs(copied.decoder)
+
+
+@pytest.mark.parametrize("dtype", PACKED_DTYPES)
+def test_packed_decoder_batches_ragged_streams_like_single_ones(
+    firefly: Firefly, dtype: torch.dtype
+) -> None:
+    dec = IncrementalDecoder(firefly.decoder, "cpu", dtype, pack_fp32=True)
     assert dec.packed
     gen = torch.Generator().manual_seed(5)
     codes = [torch.randint(0, 1000, (8, 20), generator=gen) for _ in range(2)]
@@ -182,7 +227,7 @@ def test_packed_decoder_batches_ragged_streams_like_single_ones(firefly: Firefly
         for b in range(2):
             pieces[b].append(out[b])
     for b in range(2):
-        _bf16_close(torch.cat(pieces[b]).numpy(), alone[b].numpy())
+        _rounding_close(dtype, torch.cat(pieces[b]).numpy(), alone[b].numpy())
 
 
 def test_output_is_bounded(firefly: Firefly) -> None:
