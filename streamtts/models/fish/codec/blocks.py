@@ -10,13 +10,12 @@ On a CPU with oneDNN bf16 kernels a bf16 decoder may ``pack_`` its layers, and o
 with oneDNN an fp32 one (``dtype auto`` or ``int8`` where the CPU has no native bf16). Packed
 convolutions hold their weights in oneDNN's blocked layout (``F.conv1d`` reorders the plain
 weight on every call) and fuse the SiLU after them and the residual sum; their activations are
-*time-major*:
-a logical ``[B, C, T]`` tensor stored as ``[B, T, C]`` (oneDNN's channels-last), which runs
-the 16- to 64-channel audio-rate convolutions about twice as fast as ``[B, C, T]`` storage. The
-layout only changes strides: every op here keeps working on the logical shape. Packed kernels
-sum in another order, so results move by a rounding (bf16 has no bit-exact reference; explicit
-fp32, the parity mode, is never packed). On the 2-core dev CPU a streamed 8-frame chunk went
-from 6.1 to 4.5 ms per frame in bf16; in fp32 on a Zen 3, from 23.6 to 18.2 ms.
+*time-major*: a logical ``[B, C, T]`` tensor stored as ``[B, T, C]`` (oneDNN's channels-last),
+which runs the 16- to 64-channel audio-rate convolutions about twice as fast as ``[B, C, T]``
+storage. The layout only changes strides: every op here keeps working on the logical shape.
+Packed kernels sum in another order, so results move by a rounding (bf16 has no bit-exact
+reference; explicit fp32, the parity mode, is never packed). On the 2-core dev CPU a streamed
+8-frame chunk went from 6.1 to 4.5 ms per frame in bf16; in fp32 on a Zen 3, 23.6 to 18.2 ms.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class IncrementalDecoder:
         )
         if first.device != self.device or first.dtype != weight_dtype or self.packed:
             # Casting and packing change modules in place: the caller's only if it gives it
-            # (``in_place``; a copy of the 1.5 vocoder is 230 MB more at load in fp32).
+            # (``in_place``; the copy made load peak at 4.43 instead of 4.37 GB, fp32 1.5).
             if not in_place:
                 decoder = copy.deepcopy(decoder)
             decoder = decoder.to(self.device, weight_dtype)
