@@ -16,7 +16,10 @@ synchronisation.
 
 Top-p over the 102048-token vocabulary in bf16 uses a counting sort instead of upstream's
 comparison sort (:func:`top_p_filter_by_counting`; 5.7 → 0.9 ms per row on the dev CPU): the
-same number of tokens is kept, and the same tokens unless equal logits straddle the cut.
+same number of tokens is kept, and the same tokens unless equal logits straddle the cut. In
+fp32 on the CPU (``dtype auto`` or ``int8`` where the CPU has no native bf16) it sorts the
+values alone, with NumPy's vectorized sort (:func:`top_p_filter_by_value_sort`; 9.7 → 0.5 ms
+per row on a Zen 3), with the same guarantee.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from streamtts.options import BY_NAME
@@ -105,9 +109,21 @@ def top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     logits: [B, V]; top_p: [B] float32 (rounded to the logits dtype for the comparison).
     16-bit logits over a large vocabulary take :func:`top_p_filter_by_counting`.
     """
-    if logits.element_size() == 2 and logits.shape[-1] >= COUNTING_MIN_VOCAB:
-        return top_p_filter_by_counting(logits, top_p)
+    if logits.shape[-1] >= COUNTING_MIN_VOCAB:
+        if logits.element_size() == 2:
+            return top_p_filter_by_counting(logits, top_p)
+        if _sorts_values_on_host(logits):
+            return top_p_filter_by_value_sort(logits, top_p)
     return top_p_filter_by_sorting(logits, top_p)
+
+
+def _sorts_values_on_host(logits: torch.Tensor) -> bool:
+    """fp32 rows on the CPU, outside a compiled graph (NumPy is not traced)."""
+    return (
+        logits.dtype == torch.float32
+        and logits.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+    )
 
 
 def _past_nucleus(sorted_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -153,6 +169,31 @@ def top_p_filter_by_counting(logits: torch.Tensor, top_p: torch.Tensor) -> torch
     cut_rank = descending_rank(sorted_logits.gather(-1, kept - 1))  # [B, 1] last kept value
     above = rank < cut_rank  # [B, V] strictly larger than the cut value
     at_cut = rank == cut_rank  # [B, V]
+    room = kept - above.sum(dim=-1, keepdim=True)  # [B, 1] how many cut-value tokens stay
+    keep = above | (at_cut & (torch.cumsum(at_cut, dim=-1) <= room))
+    return logits.masked_fill(keep.logical_not(), float("-inf"))
+
+
+def top_p_filter_by_value_sort(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """:func:`top_p_filter_by_sorting` for fp32 CPU rows, sorting the values alone.
+
+    The cut depends only on the sorted *values*, not on which token holds each: NumPy sorts
+    values without indices with SIMD kernels (0.5 ms for a 102048-entry row on a Zen 3, where
+    ``torch.sort``, which also sorts the indices, takes 9.7 ms). The cumulated softmax runs on
+    the same values in the same order as upstream's, so the number of kept tokens is exactly
+    upstream's; tokens are then kept by comparing with the cut value, and of several equal
+    logits straddling the cut the lowest ids stay (as :func:`top_p_filter_by_counting`).
+
+    logits: [B, V] float32 on the CPU; top_p: [B] float32 → [B, V].
+    """
+    rows = logits.detach().numpy()  # [B, V], shares memory
+    ascending = np.sort(rows, axis=-1)  # [B, V]
+    sorted_logits = torch.from_numpy(np.ascontiguousarray(ascending[:, ::-1]))  # descending
+    remove_sorted = _past_nucleus(sorted_logits, top_p)  # [B, V], a suffix
+    kept = logits.shape[-1] - remove_sorted.sum(dim=-1, keepdim=True)  # [B, 1] ≥ 1
+    cut = sorted_logits.gather(-1, kept - 1)  # [B, 1] the last kept value
+    above = logits > cut  # [B, V]
+    at_cut = logits == cut  # [B, V]
     room = kept - above.sum(dim=-1, keepdim=True)  # [B, 1] how many cut-value tokens stay
     keep = above | (at_cut & (torch.cumsum(at_cut, dim=-1) <= room))
     return logits.masked_fill(keep.logical_not(), float("-inf"))

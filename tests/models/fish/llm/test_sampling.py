@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 import torch
 
+from streamtts.models.fish.llm import sampling
 from streamtts.models.fish.llm.generate import (
     WINDOW_FRAMES,
     RepetitionWindows,
@@ -26,6 +29,7 @@ from streamtts.models.fish.llm.sampling import (
     top_p_filter,
     top_p_filter_by_counting,
     top_p_filter_by_sorting,
+    top_p_filter_by_value_sort,
 )
 from streamtts.models.fish.llm.synthetic import load_synthetic
 
@@ -219,14 +223,58 @@ def test_counting_filter_edges() -> None:
     assert kept[0].nonzero().flatten().tolist() == list(range(int(kept.sum())))
 
 
-def test_large_16_bit_vocabularies_take_the_counting_filter() -> None:
+def test_large_vocabularies_take_the_counting_or_value_sorting_filter() -> None:
     logits = (torch.randn(1, COUNTING_MIN_VOCAB) * 3).bfloat16()
     top_p = torch.tensor([0.6])
     assert torch.equal(top_p_filter(logits, top_p), top_p_filter_by_counting(logits, top_p))
     small = logits[:, :1000]
     assert torch.equal(top_p_filter(small, top_p), top_p_filter_by_sorting(small, top_p))
-    wide = logits.float()
-    assert torch.equal(top_p_filter(wide, top_p), top_p_filter_by_sorting(wide, top_p))
+    wide = logits.float()  # fp32 on the CPU: the values sorted alone
+    spy = patch.object(sampling, "top_p_filter_by_value_sort", wraps=top_p_filter_by_value_sort)
+    with spy as value_sort:
+        assert torch.equal(top_p_filter(wide, top_p), top_p_filter_by_sorting(wide, top_p))
+        assert value_sort.call_count == 1
+        narrow = wide[:, :1000]
+        assert torch.equal(top_p_filter(narrow, top_p), top_p_filter_by_sorting(narrow, top_p))
+        assert value_sort.call_count == 1
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.64, 4.0, 30.0])
+def test_value_sorting_filter_keeps_what_sorting_keeps(scale: float) -> None:
+    """fp32: the same kept count always; the same set up to equal logits straddling the cut
+    (made likely here by rounding some rows to coarse steps)."""
+    gen = torch.Generator().manual_seed(int(scale * 100) + 1)
+    for trial in range(12):
+        logits = torch.randn(3, 20000, generator=gen) * scale
+        logits[0, trial] = 40.0  # one dominant token in row 0
+        logits[2] = (logits[2] * 8).round() / 8  # many ties
+        top_p = torch.rand(3, generator=gen) * 0.98 + 0.01
+        by_sort = torch.isfinite(top_p_filter_by_sorting(logits, top_p))
+        by_value = torch.isfinite(top_p_filter_by_value_sort(logits, top_p))
+        assert torch.equal(by_sort.sum(-1), by_value.sum(-1))
+        for row in range(3):
+            cut = logits[row][by_value[row]].min()
+            differ = by_sort[row] != by_value[row]
+            assert bool((logits[row][differ] == cut).all())  # only ties at the cut
+            assert bool((logits[row][~by_value[row]] <= cut).all())
+            assert bool(by_value[row][logits[row] > cut].all())
+
+
+def test_value_sorting_filter_edges() -> None:
+    logits = torch.randn(2, 9000) * 2
+    everything = top_p_filter_by_value_sort(logits, torch.tensor([1.0, 1.0]))
+    assert bool(torch.isfinite(everything).all())
+    only_top = torch.isfinite(top_p_filter_by_value_sort(logits, torch.tensor([1e-6, 1e-6])))
+    assert only_top.sum(-1).tolist() == [1, 1]
+    assert torch.equal(only_top.float().argmax(-1), logits.argmax(-1))
+    flat = torch.zeros(1, 9000)  # all tied: the lowest ids stay
+    kept = torch.isfinite(top_p_filter_by_value_sort(flat, torch.tensor([0.5])))
+    assert kept[0].nonzero().flatten().tolist() == list(range(int(kept.sum())))
+    penalised = logits.clone()
+    penalised[:, :100] = float("-inf")  # never kept, and the rest is filtered as without them
+    got = torch.isfinite(top_p_filter_by_value_sort(penalised, torch.tensor([0.9, 0.9])))
+    want = torch.isfinite(top_p_filter_by_sorting(penalised, torch.tensor([0.9, 0.9])))
+    assert not bool(got[:, :100].any()) and torch.equal(got, want)
 
 
 def test_histogram_paths_agree() -> None:
