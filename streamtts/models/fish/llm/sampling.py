@@ -164,14 +164,10 @@ def top_p_filter_by_counting(logits: torch.Tensor, top_p: torch.Tensor) -> torch
     row_offset = torch.arange(b, device=device, dtype=torch.int32)[:, None] * patterns  # [B, 1]
     counts = _histogram((rank + row_offset).flatten(), b * patterns)  # [B*P]
     sorted_logits = table.repeat(b).repeat_interleave(counts, output_size=b * v).view(b, v)
-    remove_sorted = _past_nucleus(sorted_logits, top_p)  # [B, V], a suffix
-    kept = v - remove_sorted.sum(dim=-1, keepdim=True)  # [B, 1] ≥ 1
+    kept = _kept_count(sorted_logits, top_p)  # [B, 1]
     cut_rank = descending_rank(sorted_logits.gather(-1, kept - 1))  # [B, 1] last kept value
-    above = rank < cut_rank  # [B, V] strictly larger than the cut value
-    at_cut = rank == cut_rank  # [B, V]
-    room = kept - above.sum(dim=-1, keepdim=True)  # [B, 1] how many cut-value tokens stay
-    keep = above | (at_cut & (torch.cumsum(at_cut, dim=-1) <= room))
-    return logits.masked_fill(keep.logical_not(), float("-inf"))
+    # rank < cut_rank: strictly larger than the cut value.
+    return _keep_through_cut(logits, rank < cut_rank, rank == cut_rank, kept)
 
 
 def top_p_filter_by_value_sort(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -189,11 +185,22 @@ def top_p_filter_by_value_sort(logits: torch.Tensor, top_p: torch.Tensor) -> tor
     rows = logits.detach().numpy()  # [B, V], shares memory
     ascending = np.sort(rows, axis=-1)  # [B, V]
     sorted_logits = torch.from_numpy(np.ascontiguousarray(ascending[:, ::-1]))  # descending
-    remove_sorted = _past_nucleus(sorted_logits, top_p)  # [B, V], a suffix
-    kept = logits.shape[-1] - remove_sorted.sum(dim=-1, keepdim=True)  # [B, 1] ≥ 1
+    kept = _kept_count(sorted_logits, top_p)  # [B, 1]
     cut = sorted_logits.gather(-1, kept - 1)  # [B, 1] the last kept value
-    above = logits > cut  # [B, V]
-    at_cut = logits == cut  # [B, V]
+    return _keep_through_cut(logits, logits > cut, logits == cut, kept)
+
+
+def _kept_count(sorted_logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """How many tokens upstream's cut keeps, from the descending logits [B, V] → [B, 1] ≥ 1."""
+    remove_sorted = _past_nucleus(sorted_logits, top_p)  # [B, V], a suffix
+    return sorted_logits.shape[-1] - remove_sorted.sum(dim=-1, keepdim=True)
+
+
+def _keep_through_cut(
+    logits: torch.Tensor, above: torch.Tensor, at_cut: torch.Tensor, kept: torch.Tensor
+) -> torch.Tensor:
+    """Keep the ``kept`` [B, 1] largest logits [B, V]: every one ``above`` the cut value and,
+    of those ``at_cut`` (equal to it), the lowest ids; the rest become -inf."""
     room = kept - above.sum(dim=-1, keepdim=True)  # [B, 1] how many cut-value tokens stay
     keep = above | (at_cut & (torch.cumsum(at_cut, dim=-1) <= room))
     return logits.masked_fill(keep.logical_not(), float("-inf"))
