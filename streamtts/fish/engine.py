@@ -49,7 +49,7 @@ from streamtts.fish.devices import (
 from streamtts.fish.generator import GeneratorWorker, JobHook
 from streamtts.fish.jobs import ChunkSchedule, SegmentJob, StreamSlot
 from streamtts.fish.load import load_fish_bundle, prepare_llm
-from streamtts.fish.settings import FP32, FishSettings
+from streamtts.fish.settings import FishSettings
 from streamtts.fish.spec import FishSpec
 from streamtts.fish.vocoder import VocoderStream, VocoderWorker
 from streamtts.models.fish.codec.encoder import FireflyEncoder, encode_reference
@@ -143,9 +143,8 @@ class FishEngine(Engine):
         cache = model.allocate_cache(s.max_streams, min(s.context_tokens, model.config.max_seq_len))
         context = DeviceContext(device)
         tokenizer = bundle.llm.tokenizer
-        # Explicit fp32 is the parity mode: its vocoder keeps upstream's kernels.
         decoder = IncrementalDecoder(
-            bundle.decoder, device, dtype, pack_fp32=s.dtype != FP32, in_place=True
+            bundle.decoder, device, dtype, pack_fp32=not s.parity, in_place=True
         )
         # On the CPU the vocoder runs on the generator thread: one torch thread (see devices).
         vocoder = VocoderWorker(decoder, context, self._on_fatal, inline=not context.is_cuda)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from streamtts.fish.settings import AUTO, INT8, FishSettings
+from streamtts.fish.settings import INT8, FishSettings
 from streamtts.fish.spec import FishSpec
 from streamtts.models.fish.codec.config import VocoderConfig
 from streamtts.models.fish.codec.decoder import FireflyDecoder
@@ -81,7 +81,7 @@ def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
     if settings.dtype == INT8:
         fuse_gate_up_(model)
         quantize_int8_(model)
-    elif can_pack(model, fp32=settings.dtype == AUTO):
+    elif can_pack(model, fp32=not settings.parity):
         compiled_part = (model.fast_layers, model.fast_output) if settings.compile else ()
         fuse_gate_up_(model, compiled_part)
         packed = pack_linears_(model, skip=compiled_part)

@@ -41,3 +41,9 @@ class FishSettings:
         )
         if self.dtype not in DTYPES:
             raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    @property
+    def parity(self) -> bool:
+        """Explicit fp32: upstream's kernels throughout, nothing packed (every other dtype may
+        pack what computes in fp32: ``auto`` or ``int8`` on a CPU without native bf16)."""
+        return self.dtype == FP32
