@@ -148,11 +148,13 @@ class PiperEngine(Engine):
         self._workers = DeadlineWorkers(self._settings.engine_threads, "piper")
         threads = self._settings.piper_onnx_threads
         model, config = self._model_path, self._config_path
-        voice = await self._on_worker(functools.partial(load_voice, model, config, threads))
+        # Nothing is served yet: the voice is calibrated on every worker's core.
+        workers = self._settings.engine_threads
+        load = functools.partial(load_voice, model, config, threads, calibration_threads=workers)
+        voice = await self._on_worker(load)
         self._loaded[self._voice_id] = voice
         # The cost admission starts from, measured on every worker at once.
         under_load = functools.partial(cost_under_load, voice, HEAD_FRAMES)
-        workers = self._settings.engine_threads
         for compute_s, audio_s in await asyncio.gather(
             *(self._on_worker(under_load) for _ in range(workers))
         ):

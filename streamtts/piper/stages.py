@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -377,12 +378,18 @@ def cost_under_load(voice: StagedVoice, head_frames: int) -> tuple[float, float]
     return compute_s, audio_samples / voice.sample_rate
 
 
-def load_voice(model: Path, config: Path, onnx_threads: int, blocked: bool = True) -> StagedVoice:
+def load_voice(
+    model: Path,
+    config: Path,
+    onnx_threads: int,
+    blocked: bool = True,
+    calibration_threads: int = 1,
+) -> StagedVoice:
     """The voice, its sessions running ``onnx_threads`` intra-op threads each (Piper's own
     loader gives every session one thread per core: with several workers, more threads than
     cores); split, its decoder on blocked kernels where that makes the same audio (``blocked``;
     False keeps it as exported, for comparison), its context found and its gain measured (a few
-    sentences' worth of work)."""
+    sentences' worth of work, on ``calibration_threads`` threads)."""
     try:
         import onnx
         import onnxruntime
@@ -414,7 +421,7 @@ def load_voice(model: Path, config: Path, onnx_threads: int, blocked: bool = Tru
         voice = StagedVoice(PiperVoice(session=stages.front, config=piper_config), None, stages)
         if blocked:
             _adopt_blocked_decoder(voice, split, session)
-    calibrate(voice)
+    calibrate(voice, calibration_threads)
     return voice
 
 
@@ -435,27 +442,32 @@ def _adopt_blocked_decoder(
         )
 
 
-def calibrate(voice: StagedVoice) -> None:
+def calibrate(voice: StagedVoice, threads: int = 1) -> None:
     """Find the voice's contexts (on :data:`CONTEXT_DRAWS` draws of the longest calibration
-    sentence) and its gain (see the module's docstring); the sessions are warm by then."""
+    sentence) and its gain (see the module's docstring); the sessions are warm by then. The
+    sentences go through the front stage (which draws Piper's noise) on this thread, then are
+    made on ``threads`` threads at once (ONNX Runtime sessions run concurrently): at start the
+    cores are idle, later they serve streams."""
     scales = voice.scales(1.0)
-    made: list[tuple[list[int], Sentence, PcmF32]] = []
-    for text in CALIBRATION_SENTENCES:
-        for ids in voice.phoneme_ids(text):
-            sentence = voice.sentence(ids, scales)
-            made.append((ids, sentence, voice.render(sentence)))
-    if voice.splittable and made:
-        ids, sentence, whole = max(made, key=lambda m: voice.frames(m[1]))
-        draws = [(sentence, whole)]
-        for _ in range(CONTEXT_DRAWS - 1):
-            sentence = voice.sentence(ids, scales)
-            draws.append((sentence, voice.render(sentence)))
-        found = [find_context_frames(voice, sentence, whole) for sentence, whole in draws]
-        voice.context_frames = _largest([decoder for decoder, _ in found])
-        voice.flow_context_frames = _largest([flow for _, flow in found])
-        if voice.context_frames is None:
-            log.warning("Piper voice: windows of its decoder do not match; it decodes whole")
-    loudest = max((float(np.abs(whole).max()) for _, _, whole in made), default=0.0)
+    every_ids = [ids for text in CALIBRATION_SENTENCES for ids in voice.phoneme_ids(text)]
+    sentences = [voice.sentence(ids, scales) for ids in every_ids]
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="piper-calibrate") as pool:
+        wholes = list(pool.map(voice.render, sentences))
+        if voice.splittable and sentences:
+            longest = max(range(len(sentences)), key=lambda i: voice.frames(sentences[i]))
+            draws: list[tuple[Sentence, PcmF32 | None]] = [
+                (sentences[longest], wholes[longest]),
+                *(
+                    (voice.sentence(every_ids[longest], scales), None)
+                    for _ in range(CONTEXT_DRAWS - 1)
+                ),
+            ]
+            found = list(pool.map(lambda draw: find_context_frames(voice, *draw), draws))
+            voice.context_frames = _largest([decoder for decoder, _ in found])
+            voice.flow_context_frames = _largest([flow for _, flow in found])
+            if voice.context_frames is None:
+                log.warning("Piper voice: windows of its decoder do not match; it decodes whole")
+    loudest = max((float(np.abs(whole).max()) for whole in wholes), default=0.0)
     voice.gain = CALIBRATION_PEAK / loudest if loudest > 1e-6 else 1.0
 
 

@@ -28,8 +28,11 @@ TEXT = "The quick brown fox jumps over the lazy dog."
 async def engine(voice: StagedVoice, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[PiperEngine]:
     """An engine on the shared voice (tests/piper/conftest.py) instead of a load of its own."""
 
-    def loaded(model: Path, config: Path, onnx_threads: int) -> StagedVoice:
-        assert (model, config, onnx_threads) == (*bundled_voice_paths(), 1)
+    def loaded(
+        model: Path, config: Path, onnx_threads: int, calibration_threads: int
+    ) -> StagedVoice:
+        # Calibrated on every worker while nothing is served yet.
+        assert (model, config, onnx_threads, calibration_threads) == (*bundled_voice_paths(), 1, 1)
         return voice
 
     monkeypatch.setattr(piper_engine, "load_voice", loaded)

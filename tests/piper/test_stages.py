@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -180,3 +181,21 @@ def test_contexts_are_the_largest_any_draw_needs(
     monkeypatch.undo()
     calibrate(voice)  # as found for real again, for the module's other tests
     assert voice.context_frames is not None
+
+
+def test_calibrating_on_two_threads_finds_the_contexts_one_finds(
+    voice: StagedVoice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At start the engine calibrates on every worker's core."""
+    found_alone = (voice.context_frames, voice.flow_context_frames)
+    threads: set[str] = set()
+    render = voice.render
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        threads.add(threading.current_thread().name)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(voice, "render", recorded)
+    calibrate(voice, threads=2)
+    assert len(threads) == 2
+    assert (voice.context_frames, voice.flow_context_frames) == found_alone
