@@ -58,6 +58,11 @@ CONTEXT_DRAWS = 3
 # A window must equal the whole decode to this fraction of the whole's peak (differences
 # measured: 2e-6 of it, from the kernels' blocking; a missing context gives 1e-2 and more).
 WINDOW_TOLERANCE = 1e-5
+# ONNX Runtime seeds each random node of a session from a process-wide seed, random per process
+# unless set: the gain then varied with the start (1.20-1.44 over six starts of the bundled
+# voice, 1.6 dB), so a voice was louder after one restart, or on one replica, than another.
+# Set before a voice's sessions are made, it gives every start the same calibration draws.
+NOISE_SEED = 20_251_203
 
 
 class PiperNotInstalledError(RuntimeError):
@@ -401,6 +406,7 @@ def load_voice(
         ) from exc
     if not model.is_file():
         raise FileNotFoundError(f"Piper voice not found: {model}")
+    onnxruntime.set_seed(NOISE_SEED)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = onnx_threads
     options.inter_op_num_threads = 1
