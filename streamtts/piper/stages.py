@@ -8,8 +8,8 @@ on the frames within a fixed distance of its own, so a window of frames computed
 context on each side gives what computing all of them gives (but for float roundings: kernels
 block their sums differently by length). The voice's graph is cut at the flow's and the
 decoder's inputs (``onnx.utils.Extractor``) and each context is found at load, by computing a
-sentence whole and in two windows: they must match (:func:`find_context_frames`); the
-decoder's search starts at its receptive field, read from its graph (:mod:`reach`). A voice whose
+sentence whole and in two windows: they must match (:func:`find_context_frames`); each
+search starts at the stage's receptive field, read from its graph (:mod:`reach`). A voice whose
 flow cannot be cut runs its flow whole; one whose decoder cannot be cut runs whole, as Piper
 runs it. The decoder is rewritten to run on ONNX Runtime's blocked convolution kernels
 (:mod:`streamtts.piper.blocked`: 1.3-1.5x faster on this project's AVX-512 machine), once it has
@@ -174,9 +174,10 @@ class StagedVoice:
         self.sample_rate = int(config.sample_rate)
         self.hop_samples = int(config.hop_length)
         self.context_frames: int | None = None  # the decoder's; None: decoded whole only
-        # The decoder's receptive field from its graph (reach.py; None: not known): no smaller
-        # context is tried, as one that matched would have matched by luck.
+        # The stages' receptive fields from their graphs (reach.py; None: not known): no
+        # smaller context is tried, as one that matched would have matched by luck.
         self.decoder_reach_frames: int | None = None
+        self.flow_reach_frames: int | None = None
         self.flow_context_frames: int | None = None  # None: the flow runs whole
         self.gain = 1.0
         self.decodes_blocked = False  # decoding on ONNX Runtime's blocked kernels (blocked.py)
@@ -337,22 +338,27 @@ def find_context_frames(
     if voice.has_flow_stage:
         latent = voice._latent(sentence, 0, total, None)
         flow_context = _least_context(
-            total, latent, lambda a, b, c: voice._latent(sentence, a, b, c)
+            total,
+            latent,
+            lambda a, b, c: voice._latent(sentence, a, b, c),
+            _tried(voice.flow_reach_frames),
         )
     whole = voice.render(sentence) if whole is None else whole
-    reach = voice.decoder_reach_frames
     context = _least_context(
         total,
         whole,
         lambda a, b, c: voice._render(sentence, a, b, c, flow_context),
-        CONTEXT_FRAMES_TRIED if reach is None else _from_reach(reach),
+        _tried(voice.decoder_reach_frames),
     )
     return context, flow_context
 
 
-def _from_reach(reach_frames: int) -> tuple[int, ...]:
-    """The contexts tried for a decoder whose receptive field is known: that, then the larger
-    of :data:`CONTEXT_FRAMES_TRIED` (should windows differ there, which would be our bug)."""
+def _tried(reach_frames: int | None) -> tuple[int, ...]:
+    """The contexts tried for a stage: where its receptive field is known, that, then the
+    larger of :data:`CONTEXT_FRAMES_TRIED` (should windows differ there, which would be our
+    bug); else all of them."""
+    if reach_frames is None:
+        return CONTEXT_FRAMES_TRIED
     return (reach_frames, *(c for c in CONTEXT_FRAMES_TRIED if c > reach_frames))
 
 
@@ -443,7 +449,9 @@ def load_voice(
     else:
         stages = split.map(lambda part: session(part.SerializeToString()))
         voice = StagedVoice(PiperVoice(session=stages.front, config=piper_config), None, stages)
-        voice.decoder_reach_frames = receptive_frames(split.decoder, split.latent_name)
+        voice.decoder_reach_frames = receptive_frames(split.decoder, [split.latent_name])
+        if split.flow is not None:
+            voice.flow_reach_frames = receptive_frames(split.flow, list(split.prior_names))
         if blocked:
             _adopt_blocked_decoder(voice, split, session)
     calibrate(voice, calibration_threads)

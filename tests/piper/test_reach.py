@@ -62,8 +62,8 @@ def test_the_reach_is_where_a_change_of_one_input_frame_shows() -> None:
     dilated Conv at rate 2); after: 2 + 1/2 + 2/2. A change of input frame f moves exactly the
     output samples that reach it: at rate 2, samples 2f - 7 through 2f + 8."""
     model = upsampling_graph()
-    assert output_reaches(model, "z") == [Reach(Fraction(2), Fraction(4), Fraction(7, 2))]
-    assert receptive_frames(model, "z") == 4
+    assert output_reaches(model, ["z"]) == [Reach(Fraction(2), Fraction(4), Fraction(7, 2))]
+    assert receptive_frames(model, ["z"]) == 4
     session = onnxruntime.InferenceSession(
         model.SerializeToString(), providers=["CPUExecutionProvider"]
     )
@@ -89,12 +89,68 @@ def test_an_operator_it_does_not_follow_makes_the_reach_unknown() -> None:
     ]
     weights = {"w": weight(rng, CHANNELS, CHANNELS, 3), "shape": np.array([1, -1], np.int64)}
     model = graph_of(nodes, weights, [latent_input()])
-    assert output_reaches(model, "z") is None and receptive_frames(model, "z") is None
+    assert output_reaches(model, ["z"]) is None and receptive_frames(model, ["z"]) is None
 
 
 def test_a_weight_computed_from_the_input_is_not_followed() -> None:
     nodes = [helper.make_node("Conv", ["z", "z"], ["out"])]
-    assert receptive_frames(graph_of(nodes, {}, [latent_input()]), "z") is None
+    assert receptive_frames(graph_of(nodes, {}, [latent_input()]), ["z"]) is None
+
+
+def coupling_graph(slice_axis: int = 1, concat_axis: int = 1) -> Any:
+    """A flow's coupling, reduced: split the channels, flip one half (a slice with step -1),
+    add zeros as long as the other half (``Shape`` → ``ConstantOfShape``), convolve, join."""
+    rng = np.random.default_rng(3)
+    half = CHANNELS // 2
+    nodes = [
+        helper.make_node("Split", ["z", "halves"], ["a", "b"], axis=1),
+        helper.make_node("Slice", ["b", "start", "stop", "axes", "step"], ["flipped"]),
+        helper.make_node("Shape", ["a"], ["shape"]),
+        helper.make_node("ConstantOfShape", ["shape"], ["zeros"]),
+        helper.make_node("Add", ["flipped", "zeros"], ["c"]),
+        helper.make_node("Conv", ["c", "w"], ["d"], pads=[3, 3]),
+        helper.make_node("Concat", ["a", "d"], ["out"], axis=concat_axis),
+    ]
+    weights = {
+        "halves": np.array([half, half], np.int64),
+        "start": np.array([-1], np.int64),
+        "stop": np.array([np.iinfo(np.int64).min], np.int64),
+        "axes": np.array([slice_axis], np.int64),
+        "step": np.array([-1], np.int64),
+        "w": weight(rng, half, half, 7),
+    }
+    return graph_of(nodes, weights, [latent_input()])
+
+
+def test_channel_slices_splits_and_joins_keep_the_reach() -> None:
+    model = coupling_graph()
+    assert output_reaches(model, ["z"]) == [Reach(Fraction(1), Fraction(3), Fraction(3))]
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    latent = np.random.default_rng(4).normal(size=(1, CHANNELS, 30)).astype(np.float32)
+    (before,) = session.run(None, {"z": latent})
+    latent[:, :, 10] += 1.0
+    (after,) = session.run(None, {"z": latent})
+    moved = np.flatnonzero(np.abs(after - before).max(axis=(0, 1)) > 1e-6)
+    assert moved.tolist() == list(range(7, 14))
+
+
+def test_slices_and_joins_along_time_make_the_reach_unknown() -> None:
+    assert receptive_frames(coupling_graph(slice_axis=2), ["z"]) is None
+    assert receptive_frames(coupling_graph(concat_axis=2), ["z"]) is None
+
+
+def test_the_bundled_flow_reaches_32_frames_and_runs_windows_with_that_context(
+    voice: StagedVoice,
+) -> None:
+    """Four couplings of four kernel-5 layers: 4 × 4 × 2 frames; its prior and its mask are
+    both windowed."""
+    model, _ = bundled_voice_paths()
+    split = split_graph(onnx.load(str(model)))
+    assert split is not None and split.flow is not None
+    assert receptive_frames(split.flow, list(split.prior_names)) == 32
+    assert voice.flow_reach_frames == 32 and voice.flow_context_frames == 32
 
 
 def test_the_bundled_decoder_reaches_12_frames_and_decodes_with_that_context(
@@ -106,5 +162,5 @@ def test_the_bundled_decoder_reaches_12_frames_and_decodes_with_that_context(
     model, _ = bundled_voice_paths()
     split = split_graph(onnx.load(str(model)))
     assert split is not None
-    assert receptive_frames(split.decoder, split.latent_name) == 12
+    assert receptive_frames(split.decoder, [split.latent_name]) == 12
     assert voice.decoder_reach_frames == 12 and voice.context_frames == 12
