@@ -246,7 +246,7 @@ class _Rewrite:
 
     def _conv_attributes(self, node: Any, kernel: int) -> dict[str, Any] | None:
         """The 2-D attributes of a 1-D convolution (None: an attribute we do not rewrite)."""
-        attributes = _attributes(node)
+        attributes = node_attributes(node)
         if attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             return None
         if "output_shape" in attributes:
@@ -341,7 +341,7 @@ class _Rewrite:
         source = self.region[node.input[0]]
         if source.channels is None:
             return False
-        alpha = float(_attributes(node).get("alpha", 0.01))
+        alpha = float(node_attributes(node).get("alpha", 0.01))
         self._depthwise(
             node.output[0],
             source.name,
@@ -434,14 +434,15 @@ def _inferred_dims(model: Any) -> dict[str, list[int | None]]:
     return dims
 
 
-def _attributes(node: Any) -> dict[str, Any]:
+def node_attributes(node: Any) -> dict[str, Any]:
+    """An ONNX node's attributes by name, as Python values."""
     from onnx import helper
 
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _int_attribute(node: Any, name: str, default: int) -> int:
-    return int(_attributes(node).get(name, default))
+    return int(node_attributes(node).get(name, default))
 
 
 def _default_opset(model: Any) -> int:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from streamtts.piper.blocked import node_attributes
+
 _ELEMENTWISE = frozenset({"LeakyRelu", "Relu", "Tanh", "Sigmoid", "Identity", "Neg", "Exp"})
 _COMBINING = frozenset({"Add", "Sub", "Mul", "Div", "Sum"})
 _SIZE_ONE_AXES = frozenset({"Unsqueeze", "Squeeze"})  # add or drop axes of length 1: no mixing
@@ -91,7 +93,7 @@ def _through(
         return dataclasses.replace(sources[0], channels_at_1=False)
     joins_channels = (
         op == "Concat"
-        and _attribute(node, "axis") in _CHANNEL_AXES
+        and node_attributes(node).get("axis") in _CHANNEL_AXES
         and all(source.channels_at_1 for source in sources)
     )
     if op in _COMBINING or joins_channels:
@@ -107,28 +109,17 @@ def _through(
         axes = indices.get(node.input[3]) if len(node.input) > 3 else None  # absent: all axes
         return sources[0] if axes and set(axes) <= _CHANNEL_AXES else None
     if op == "Split" and first_only and sources[0].channels_at_1:
-        return sources[0] if _attribute(node, "axis") in _CHANNEL_AXES else None
+        return sources[0] if node_attributes(node).get("axis") in _CHANNEL_AXES else None
     if op in ("Conv", "ConvTranspose") and first_only:
         return _convolved(node, reach[node.input[0]], weight_dims)
     return None  # an operator not followed, or a weight computed from the input
 
 
-def _attribute(node: Any, name: str) -> Any:
-    from onnx import helper
-
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return None
-
-
 def _convolved(node: Any, source: Reach, weight_dims: dict[str, list[int]]) -> Reach | None:
-    from onnx import helper
-
     dims = weight_dims.get(node.input[1])
     if dims is None:
         return None
-    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attributes = node_attributes(node)
     if len(dims) != 3 or attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         return None
     (dilation,) = attributes.get("dilations", [1])

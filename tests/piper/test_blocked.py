@@ -20,7 +20,6 @@ from streamtts.piper.stages import (
     StagedVoice,
     Stages,
     load_voice,
-    split_graph,
 )
 
 NCHWC_DOMAIN = "com.microsoft.nchwc"
@@ -36,14 +35,6 @@ def session(model: Any, optimized: Path | None = None) -> Any:
     return onnxruntime.InferenceSession(
         model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
     )
-
-
-@pytest.fixture(scope="module")
-def split() -> Stages[Any]:
-    model, _ = bundled_voice_paths()
-    found = split_graph(onnx.load(str(model)))
-    assert found is not None
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,11 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
-from streamtts.piper.engine import bundled_voice_paths
 from streamtts.piper.reach import Reach, output_reaches, receptive_frames
-from streamtts.piper.stages import StagedVoice, split_graph
+from streamtts.piper.stages import StagedVoice, Stages
 
 CHANNELS = 4
 
@@ -142,25 +140,20 @@ def test_slices_and_joins_along_time_make_the_reach_unknown() -> None:
 
 
 def test_the_bundled_flow_reaches_32_frames_and_runs_windows_with_that_context(
-    voice: StagedVoice,
+    split: Stages[Any], voice: StagedVoice
 ) -> None:
     """Four couplings of four kernel-5 layers: 4 × 4 × 2 frames; its prior and its mask are
     both windowed."""
-    model, _ = bundled_voice_paths()
-    split = split_graph(onnx.load(str(model)))
-    assert split is not None and split.flow is not None
+    assert split.flow is not None
     assert receptive_frames(split.flow, list(split.prior_names)) == 32
     assert voice.flow_reach_frames == 32 and voice.flow_context_frames == 32
 
 
 def test_the_bundled_decoder_reaches_12_frames_and_decodes_with_that_context(
-    voice: StagedVoice,
+    split: Stages[Any], voice: StagedVoice
 ) -> None:
     """conv_pre 3 frames, the first upsampling 11/8, the dilated blocks after it 45/8, and less
     than a frame from all of the rest: 11.08 frames before, 10.08 after. The voice decodes
     windows with that context (the windows matched it whole at load)."""
-    model, _ = bundled_voice_paths()
-    split = split_graph(onnx.load(str(model)))
-    assert split is not None
     assert receptive_frames(split.decoder, [split.latent_name]) == 12
     assert voice.decoder_reach_frames == 12 and voice.context_frames == 12

@@ -8,7 +8,6 @@ import threading
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -117,10 +116,8 @@ def test_a_graph_without_piper_s_decoder_is_not_split() -> None:
     assert split_graph(helper.make_model(graph)) is None
 
 
-def test_the_split_halves_chain_to_the_voice_s_output() -> None:
-    model, _ = bundled_voice_paths()
-    split = split_graph(onnx.load(str(model)))
-    assert split is not None and split.flow is not None
+def test_the_split_halves_chain_to_the_voice_s_output(split: Stages[Any]) -> None:
+    assert split.flow is not None
     assert [o.name for o in split.front.graph.output] == list(split.prior_names)
     assert [i.name for i in split.flow.graph.input] == list(split.prior_names)
     assert [o.name for o in split.flow.graph.output] == [split.latent_name]
