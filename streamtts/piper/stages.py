@@ -9,9 +9,11 @@ context on each side gives what computing all of them gives (but for float round
 block their sums differently by length). The voice's graph is cut at the flow's and the
 decoder's inputs (``onnx.utils.Extractor``) and each context is found at load, by computing a
 sentence whole and in two windows: they must match (:func:`find_context_frames`); each
-search starts at the stage's receptive field, read from its graph (:mod:`reach`). A voice whose
-flow cannot be cut runs its flow whole; one whose decoder cannot be cut runs whole, as Piper
-runs it. The decoder is rewritten to run on ONNX Runtime's blocked convolution kernels
+search starts at the stage's receptive field, read from its graph (:mod:`reach`). The flow's
+windows then run link by link, cut between its couplings (:mod:`chain`): each link keeps its
+exact frames, so a sentence's rest recomputes each coupling's context, not the whole flow's. A
+voice whose flow cannot be cut runs its flow whole; one whose decoder cannot be cut runs whole,
+as Piper runs it. The decoder is rewritten to run on ONNX Runtime's blocked convolution kernels
 (:mod:`streamtts.piper.blocked`: 1.3-1.5x faster on this project's AVX-512 machine), once it has
 made the same audio as the exported one for a calibration sentence.
 
@@ -38,6 +40,7 @@ import numpy as np
 
 from streamtts.engine.base import PcmF32
 from streamtts.piper.blocked import blocked_decoder
+from streamtts.piper.chain import ChainPrefix, Link, cut_chain
 from streamtts.piper.reach import receptive_frames
 
 log = logging.getLogger(__name__)
@@ -83,6 +86,8 @@ class Stages(Generic[Part]):
     latent_name: str
     prior_names: tuple[str, str]  # the flow's inputs: its prior and the frames' mask
     speaker_input: bool  # the flow and decoder take the speaker id too (multi-speaker voices)
+    # The flow cut between its couplings (chain.py); empty where it cannot be.
+    flow_links: tuple[Link[Part], ...] = ()
 
     def map(self, make: Callable[[Part], Other]) -> Stages[Other]:
         """The same stages, each part made into another (a model into its session)."""
@@ -94,6 +99,7 @@ class Stages(Generic[Part]):
             self.latent_name,
             self.prior_names,
             self.speaker_input,
+            tuple(link.map(make) for link in self.flow_links),
         )
 
 
@@ -105,6 +111,7 @@ class Sentence:
     # for a voice that runs whole, (audio,)
     latent: np.ndarray | None = None  # all its latent frames, where the flow runs whole
     run_options: Any = None  # onnxruntime.RunOptions of its stream: terminated on a cancel
+    flow_prefix: ChainPrefix | None = None  # its latent frames made so far, link by link
 
 
 def run_options() -> Any:
@@ -135,11 +142,25 @@ def split_graph(model: Any) -> Stages[Any] | None:
         try:
             front = extractor.extract_model(inputs, list(prior_names))
             flow = extractor.extract_model([*prior_names, *speaker], [latent])
-            return Stages(front, flow, decoder, latent, prior_names, bool(speaker))
         except Exception:  # an unexpected graph: the flow stays in the front
             log.warning("Piper voice: its flow could not be cut off; it runs whole", exc_info=True)
+        else:
+            links = _flow_links(flow, prior_names, speaker)
+            return Stages(front, flow, decoder, latent, prior_names, bool(speaker), links)
     front = extractor.extract_model(inputs, [latent])
     return Stages(front, None, decoder, latent, ("", ""), bool(speaker))
+
+
+def _flow_links(
+    flow: Any, prior_names: tuple[str, str], speaker: list[str]
+) -> tuple[Link[Any], ...]:
+    """The flow cut between its couplings (:mod:`chain`), or () where it cannot be."""
+    try:
+        links = cut_chain(flow, prior_names[0], windowed=[prior_names[1]], fixed=speaker)
+    except Exception:  # an unexpected graph: the flow runs in windows with all its context
+        log.warning("Piper voice: its flow could not be cut into links", exc_info=True)
+        return ()
+    return links or ()
 
 
 def _flow_inputs(graph: Any, latent: str) -> tuple[str, str] | None:
@@ -179,6 +200,9 @@ class StagedVoice:
         self.decoder_reach_frames: int | None = None
         self.flow_reach_frames: int | None = None
         self.flow_context_frames: int | None = None  # None: the flow runs whole
+        # The flow's windows run link by link, each link keeping its exact frames (chain.py):
+        # set once calibration has checked that this makes what the flow makes whole.
+        self.flow_chained = False
         self.gain = 1.0
         self.decodes_blocked = False  # decoding on ONNX Runtime's blocked kernels (blocked.py)
         self._speaker = (
@@ -289,11 +313,31 @@ class StagedVoice:
         self.decodes_blocked = True
         return True
 
+    def chain_flow(self, sentence: Sentence) -> bool:
+        """Run the flow's windows link by link from now on (:mod:`chain`) if, for ``sentence``,
+        a first window and then the rest made so equal the flow made whole (to
+        :data:`WINDOW_TOLERANCE` of its peak); else keep running them with all their context."""
+        stages = self._stages
+        if stages is None or not stages.flow_links:
+            return False
+        total = self.frames(sentence)
+        whole = self._latent(sentence, 0, total, None)
+        fresh = Sentence(sentence.arrays, run_options=sentence.run_options)
+        prefix, run = self._flow_prefix(fresh), self._link_runner(fresh)
+        prefix.through(total // 3, run)
+        made = prefix.through(total, run)
+        peak = float(np.abs(whole).max())
+        self.flow_chained = made.shape == whole.shape and bool(
+            np.abs(made - whole).max() <= WINDOW_TOLERANCE * peak
+        )
+        return self.flow_chained
+
     def _latent(
         self, sentence: Sentence, low: int, high: int, flow_context: int | None
     ) -> np.ndarray:
         """Latent frames ``[low, high)``: the flow run over them with ``flow_context`` frames
-        on each side (None: over all of the sentence, once)."""
+        on each side (None: over all of the sentence, once); once the flow is chained, its
+        links extended through ``high`` from where the sentence's last window left them."""
         stages = self._stages
         assert stages is not None
         if stages.flow is None:
@@ -303,8 +347,35 @@ class StagedVoice:
             if sentence.latent is None:
                 sentence.latent = self._flow(sentence, 0, total)
             return sentence.latent[:, :, low:high]
+        if self.flow_chained:
+            return self._flow_prefix(sentence).through(high, self._link_runner(sentence))[
+                :, :, low:high
+            ]
         first, last = max(0, low - flow_context), min(total, high + flow_context)
         return self._flow(sentence, first, last)[:, :, low - first : high - first]
+
+    def _flow_prefix(self, sentence: Sentence) -> ChainPrefix:
+        stages = self._stages
+        assert stages is not None
+        if sentence.flow_prefix is None:
+            prior, mask = sentence.arrays
+            speaker = (
+                {"sid": self._speaker} if stages.speaker_input and self._speaker is not None else {}
+            )
+            sentence.flow_prefix = ChainPrefix(
+                stages.flow_links, prior, {stages.prior_names[1]: mask}, speaker
+            )
+        return sentence.flow_prefix
+
+    @staticmethod
+    def _link_runner(
+        sentence: Sentence,
+    ) -> Callable[[Link[Any], dict[str, np.ndarray]], np.ndarray]:
+        def run(link: Link[Any], feeds: dict[str, np.ndarray]) -> np.ndarray:
+            made = link.part.run(None, feeds, sentence.run_options)[0]
+            return np.asarray(made, dtype=np.float32)
+
+        return run
 
     def _flow(self, sentence: Sentence, low: int, high: int) -> np.ndarray:
         stages = self._stages
@@ -498,6 +569,8 @@ def calibrate(voice: StagedVoice, threads: int = 1) -> None:
             found = list(pool.map(lambda draw: find_context_frames(voice, *draw), draws))
             voice.context_frames = _largest([decoder for decoder, _ in found])
             voice.flow_context_frames = _largest([flow for _, flow in found])
+            if voice.flow_context_frames is not None and not voice.chain_flow(draws[0][0]):
+                log.info("Piper voice: its flow runs in windows with all of its context")
             if voice.context_frames is None:
                 log.warning("Piper voice: windows of its decoder do not match; it decodes whole")
     loudest = max((float(np.abs(whole).max()) for whole in wholes), default=0.0)

@@ -7,31 +7,11 @@ from typing import Any
 
 import numpy as np
 import onnxruntime
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from streamtts.piper.reach import Reach, output_reaches, receptive_frames
 from streamtts.piper.stages import StagedVoice, Stages
-
-CHANNELS = 4
-
-
-def graph_of(nodes: list[Any], weights: dict[str, np.ndarray], inputs: list[Any]) -> Any:
-    graph = helper.make_graph(
-        nodes,
-        "reach",
-        inputs,
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, name) for name, w in weights.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
-
-
-def weight(rng: np.random.Generator, out: int, inp: int, kernel: int) -> np.ndarray:
-    return rng.normal(size=(out, inp, kernel)).astype(np.float32)
-
-
-def latent_input() -> Any:
-    return helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, CHANNELS, "frames"])
+from tests.piper.graphs import CHANNELS, graph_of, latent_input, weight
 
 
 def upsampling_graph() -> Any:

@@ -37,6 +37,7 @@ def latent_of(voice: StagedVoice, text: str) -> Sentence:
 
 def test_the_bundled_voice_is_split_with_a_context_that_windows_match(voice: StagedVoice) -> None:
     assert voice.splittable and voice.has_flow_stage and voice.decodes_blocked
+    assert voice.flow_chained  # the windows below run the flow link by link (chain.py)
     assert voice.context_frames is not None and voice.flow_context_frames is not None
     latent = latent_of(voice, LONG_SENTENCE)
     frames = voice.frames(latent)
@@ -57,16 +58,18 @@ def test_without_its_context_a_window_differs(voice: StagedVoice) -> None:
     """The check the contexts are found by can fail: each stage's context matters."""
     latent = latent_of(voice, LONG_SENTENCE)
     whole = voice.render(latent)
-    found = voice.context_frames, voice.flow_context_frames
+    found = voice.context_frames, voice.flow_context_frames, voice.flow_chained
     heads = []
     try:
+        # The flow's context is tested unchained: its links take their reach from the graph.
+        voice.flow_chained = False
         for contexts in ((0, found[1]), (found[0], 0)):
             voice.context_frames, voice.flow_context_frames = contexts
             # A window inside the sentence misses the context on both sides (a first
             # window's flow only on its right, which some noise draws leave within 10x).
-            heads.append(voice.render(latent, HEAD_FRAMES, 2 * HEAD_FRAMES))
+            heads.append(voice.render(Sentence(latent.arrays), HEAD_FRAMES, 2 * HEAD_FRAMES))
     finally:
-        voice.context_frames, voice.flow_context_frames = found
+        voice.context_frames, voice.flow_context_frames, voice.flow_chained = found
     tolerance = WINDOW_TOLERANCE * np.abs(whole).max()
     inside = whole[HEAD_FRAMES * voice.hop_samples : 2 * HEAD_FRAMES * voice.hop_samples]
     for head in heads:  # without the decoder's context, and without the flow's
