@@ -169,7 +169,7 @@ def test_piper_stages_compares_the_decoders_in_one_run(tmp_path: Path) -> None:
     figures = json.loads(out.read_text())
     assert figures == json.loads(result.stdout)
     assert figures["rounds"] == 2 and figures["audio_s_per_round"] > 10
-    for key in ("front", "exported_whole", "blocked_whole"):
+    for key in ("front", "exported_whole", "blocked_whole", "exported_split", "blocked_split"):
         assert 0 < figures[f"{key}_s_per_audio_s"] < 1
     assert figures["exported_first_window_ms"] > 0 and figures["blocked_first_window_ms"] > 0
     # The ratios are the medians of the rounds' own ratios (no speed target in a test).
