@@ -42,6 +42,27 @@ async def engine(voice: StagedVoice, monkeypatch: pytest.MonkeyPatch) -> AsyncIt
     await engine.stop()
 
 
+async def test_the_voice_is_calibrated_on_every_worker(
+    voice: StagedVoice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With two workers the voice loads with two calibration threads (the fixture's one
+    worker cannot tell that from a constant); admission starts from a measured cost."""
+    calls: list[tuple[Path, Path, int, int]] = []
+
+    def loaded(model: Path, config: Path, onnx_threads: int, calibration_threads: int) -> Any:
+        calls.append((model, config, onnx_threads, calibration_threads))
+        return voice
+
+    monkeypatch.setattr(piper_engine, "load_voice", loaded)
+    engine = PiperEngine(PiperSpec(), PiperSettings(engine_threads=2))
+    await engine.start()
+    try:
+        assert calls == [(*bundled_voice_paths(), 1, 2)]
+        assert engine.cost.cost(1) is not None and engine.capacity().realtime_streams
+    finally:
+        await engine.stop()
+
+
 async def speak(engine: PiperEngine, options: SynthesisOptions) -> np.ndarray:
     stream = engine.open_stream(engine.default_voice, options)
     audio = np.concatenate([pcm async for pcm in stream.synthesize(TEXT)])
