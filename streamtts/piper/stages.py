@@ -323,9 +323,14 @@ class StagedVoice:
         total = self.frames(sentence)
         whole = self._latent(sentence, 0, total, None)
         fresh = Sentence(sentence.arrays, run_options=sentence.run_options)
-        prefix, run = self._flow_prefix(fresh), self._link_runner(fresh)
-        prefix.through(total // 3, run)
-        made = prefix.through(total, run)
+        try:
+            prefix, run = self._flow_prefix(fresh), self._link_runner(fresh)
+            prefix.through(total // 3, run)
+            made = prefix.through(total, run)
+        except Exception:  # an unexpected graph: its windows run with all of their context
+            log.warning("Piper voice: its flow's links do not run", exc_info=True)
+            self.flow_chained = False
+            return False
         peak = float(np.abs(whole).max())
         self.flow_chained = made.shape == whole.shape and bool(
             np.abs(made - whole).max() <= WINDOW_TOLERANCE * peak

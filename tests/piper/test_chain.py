@@ -127,15 +127,30 @@ def test_a_first_window_and_the_rest_run_each_coupling_over_its_own_context_only
     assert sentence.flow_prefix.frames_run < 4 * (76 + total)
 
 
-def test_links_that_reach_too_little_are_not_chained(voice: StagedVoice) -> None:
+class _Failing:
+    def run(self, *_: Any) -> list[np.ndarray]:
+        raise RuntimeError("an unexpected graph")
+
+
+@pytest.mark.parametrize("broken", ["too_little_reach", "a_link_that_fails"])
+def test_links_that_do_not_make_the_flow_s_frames_are_not_chained(
+    voice: StagedVoice, broken: str
+) -> None:
     """The check at load can fail: with each coupling's context cut to 1 frame the chain makes
-    other frames, and the voice keeps running the flow's windows with all their context."""
+    other frames, and a link that raises cannot run; either way the voice keeps running the
+    flow's windows with all their context."""
     stages = voice._stages
     assert stages is not None and voice.flow_chained
-    short = tuple(dataclasses.replace(link, reach_frames=1) for link in stages.flow_links)
+    if broken == "too_little_reach":
+        links = tuple(dataclasses.replace(link, reach_frames=1) for link in stages.flow_links)
+    else:
+        links = (
+            *stages.flow_links[:-1],
+            dataclasses.replace(stages.flow_links[-1], part=_Failing()),
+        )
     sentence = latent_of(voice, LONG_SENTENCE)
     try:
-        voice._stages = dataclasses.replace(stages, flow_links=short)
+        voice._stages = dataclasses.replace(stages, flow_links=links)
         assert not voice.chain_flow(sentence)
         assert not voice.flow_chained
         total = voice.frames(sentence)
