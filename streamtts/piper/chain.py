@@ -98,6 +98,25 @@ def cut_chain(
 RunLink = Callable[[Link[Any], dict[str, np.ndarray]], np.ndarray]
 
 
+class Chained:
+    """A chain's links run one after another over the same frames: what the stage they were
+    cut from makes, with an ONNX Runtime session's ``run`` (so the stage's own session, which
+    holds the same weights again, need not be kept)."""
+
+    def __init__(self, links: Sequence[Link[Any]]) -> None:
+        self.links = tuple(links)
+
+    def run(
+        self, output_names: Any, feeds: Mapping[str, np.ndarray], run_options: Any = None
+    ) -> list[np.ndarray]:
+        source = self.links[0].input_name
+        sides = {name: value for name, value in feeds.items() if name != source}
+        made = feeds[source]
+        for link in self.links:
+            made = link.part.run(None, {link.input_name: made, **sides}, run_options)[0]
+        return [made]
+
+
 class ChainPrefix:
     """One sentence through a chain: each link's output frames ``[0, exact)`` as far as made.
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from streamtts.engine.base import PcmF32
 from streamtts.piper.blocked import blocked_decoder
-from streamtts.piper.chain import ChainPrefix, Link, cut_chain
+from streamtts.piper.chain import Chained, ChainPrefix, Link, cut_chain
 from streamtts.piper.reach import receptive_frames
 
 log = logging.getLogger(__name__)
@@ -331,10 +331,16 @@ class StagedVoice:
             log.warning("Piper voice: its flow's links do not run", exc_info=True)
             self.flow_chained = False
             return False
+        chained = Chained(stages.flow_links)
+        whole_chained = self._flow(fresh, 0, total, chained)
         peak = float(np.abs(whole).max())
-        self.flow_chained = made.shape == whole.shape and bool(
-            np.abs(made - whole).max() <= WINDOW_TOLERANCE * peak
+        self.flow_chained = all(
+            other.shape == whole.shape
+            and bool(np.abs(other - whole).max() <= WINDOW_TOLERANCE * peak)
+            for other in (made, whole_chained)
         )
+        if self.flow_chained:  # whole sentences through the links too: one copy of the weights
+            self._stages = dataclasses.replace(stages, flow=chained)
         return self.flow_chained
 
     def _latent(
@@ -382,9 +388,11 @@ class StagedVoice:
 
         return run
 
-    def _flow(self, sentence: Sentence, low: int, high: int) -> np.ndarray:
+    def _flow(self, sentence: Sentence, low: int, high: int, flow: Any = None) -> np.ndarray:
+        """The flow (``flow``, or the voice's) run over frames ``[low, high)``."""
         stages = self._stages
         assert stages is not None and stages.flow is not None
+        flow = stages.flow if flow is None else flow
         prior, mask = sentence.arrays
         feeds = {
             stages.prior_names[0]: prior[:, :, low:high],
@@ -392,7 +400,7 @@ class StagedVoice:
         }
         if stages.speaker_input and self._speaker is not None:
             feeds["sid"] = self._speaker
-        return np.asarray(stages.flow.run(None, feeds, sentence.run_options)[0], dtype=np.float32)
+        return np.asarray(flow.run(None, feeds, sentence.run_options)[0], dtype=np.float32)
 
     def scaled(self, raw: PcmF32) -> PcmF32:
         """Raw audio at the voice's gain, within [-1, 1]."""

@@ -11,7 +11,7 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper
 
-from streamtts.piper.chain import ChainPrefix, Link, articulations, cut_chain
+from streamtts.piper.chain import Chained, ChainPrefix, Link, articulations, cut_chain
 from streamtts.piper.engine import HEAD_FRAMES
 from streamtts.piper.reach import receptive_frames
 from streamtts.piper.stages import WINDOW_TOLERANCE, Sentence, StagedVoice, Stages
@@ -90,6 +90,27 @@ def test_a_graph_with_an_operator_it_does_not_follow_is_not_cut() -> None:
     single = graph_of(nodes[:1], weights, [latent_input()])
     single.graph.node[0].output[0] = "out"
     assert cut_chain(single, "z") is None  # one link is no chain
+
+
+def test_a_chained_voice_makes_whole_sentences_through_its_links(
+    voice: StagedVoice, split: Stages[Any]
+) -> None:
+    """Once chained, the flow's own session is not kept (the links hold its weights again):
+    whole sentences run through the links one after another, to the flow's frames."""
+    stages = voice._stages
+    assert stages is not None and isinstance(stages.flow, Chained)
+    assert stages.flow.links == stages.flow_links
+    sentence = latent_of(voice, LONG_SENTENCE)
+    total = voice.frames(sentence)
+    through_links = voice._latent(sentence, 0, total, None)
+    prior, mask = sentence.arrays
+    assert split.flow is not None
+    (whole,) = session(split.flow).run(
+        None, dict(zip(split.prior_names, (prior, mask), strict=True))
+    )
+    assert through_links.shape == whole.shape == (1, 192, total)
+    tolerance = WINDOW_TOLERANCE * np.abs(whole).max()
+    np.testing.assert_allclose(through_links, whole, rtol=0, atol=tolerance)
 
 
 def test_the_bundled_flow_is_cut_between_its_four_couplings(split: Stages[Any]) -> None:
