@@ -20,6 +20,7 @@ from starlette.websockets import WebSocket
 from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.engine.factory import create_engine
+from streamtts.heap import release_freed_heap
 from streamtts.server import fishapi, openai
 from streamtts.server import voices as server_voices
 from streamtts.server.auth import ApiKeys, OriginPolicy, SecurityMiddleware
@@ -52,6 +53,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         log.info(
             "voices: %d offered (library %s)", len(state.voices.listing()), state.voices.directory
         )
+        await asyncio.to_thread(release_freed_heap)  # what loading copied and dropped
         rescans = asyncio.create_task(state.voices.run_rescans(), name="voice-rescans")
         lifecycle.ready = True
         log.info("ready: engine %s at %d Hz", state.engine.name, state.engine.sample_rate)
