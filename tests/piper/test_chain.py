@@ -31,8 +31,8 @@ def masked_graph() -> Any:
         helper.make_node("Conv", ["e", "w3"], ["f"], pads=[2, 2], dilations=[2]),
         helper.make_node("Mul", ["f", "mask"], ["out"]),
     ]
-    weights = {name: weight(rng, CHANNELS, CHANNELS, k) for name, k in (("w1", 5), ("w2", 3))}
-    weights["w3"] = weight(rng, CHANNELS, CHANNELS, 3)
+    kernels = {"w1": 5, "w2": 3, "w3": 3}
+    weights = {name: weight(rng, CHANNELS, CHANNELS, k) for name, k in kernels.items()}
     return graph_of(nodes, weights, [latent_input(), latent_input("mask", channels=1)])
 
 
@@ -47,8 +47,8 @@ def run_link(link: Link[Any], feeds: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def test_cuts_are_where_every_path_passes_and_links_reach_some_frames() -> None:
-    """Not inside the residual (two tensors live there); a flip-like Neg and the final mask
-    reach nothing, so they join a neighbouring link."""
+    """Not inside the residual (two tensors live there); the mask, an elementwise Neg and the
+    final mask reach nothing, so they join a neighbouring link."""
     model = masked_graph()
     assert articulations(model.graph, "z") == ["a", "b", "c", "e", "f"]
     links = cut_chain(model, "z", windowed=["mask"])
