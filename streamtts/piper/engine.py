@@ -39,6 +39,7 @@ from streamtts.engine.base import (
     VoiceInfo,
 )
 from streamtts.engine.handoff import PcmHandoff
+from streamtts.heap import release_freed_heap
 from streamtts.options import PIPER
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
@@ -185,6 +186,7 @@ class PiperEngine(Engine):
                 del self._loaded[voice_id]
                 log.info("Piper voice %s is gone from %s", voice_id, self._voices_dir)
             threads = self._settings.piper_onnx_threads
+            added = 0
             for voice_id, model in found.items():
                 if voice_id in self._loaded:
                     continue
@@ -196,7 +198,10 @@ class PiperEngine(Engine):
                     log.warning("skipping the Piper voice %s", model, exc_info=True)
                     continue
                 self._loaded[voice_id] = voice
+                added += 1
                 log.info("Piper voice %s found in %s", voice_id, self._voices_dir)
+            if added:  # what the loads copied and dropped, even once the server is serving
+                await asyncio.to_thread(release_freed_heap)
 
     async def stop(self) -> None:
         if self._workers is not None:

@@ -63,6 +63,45 @@ async def test_the_voice_is_calibrated_on_every_worker(
         await engine.stop()
 
 
+async def test_voices_of_the_folder_come_and_go_and_a_damaged_one_is_skipped(
+    voice: StagedVoice, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A model with its config in the voices folder is offered once found; removed, it is no
+    longer offered; one that does not load is skipped (logged) and the others still load.
+    After voices were loaded, the freed heap goes back to the OS."""
+    bundled_model, bundled_config = bundled_voice_paths()
+    for voice_id in ("de_DE-test-medium", "fr_FR-damaged-low"):
+        (tmp_path / f"{voice_id}.onnx.json").write_bytes(bundled_config.read_bytes())
+    (tmp_path / "de_DE-test-medium.onnx").symlink_to(bundled_model)
+    (tmp_path / "fr_FR-damaged-low.onnx").write_bytes(b"not an onnx model")
+    (tmp_path / "no_NO-configless-x_low.onnx").symlink_to(bundled_model)  # no config: not a voice
+    loaded: list[str] = []
+
+    def load(model: Path, config: Path, onnx_threads: int, calibration_threads: int = 1) -> Any:
+        if model.parent == tmp_path:
+            loaded.append(model.name)
+            if "damaged" in model.name:
+                raise ValueError("not an onnx model")
+        return voice
+
+    trims: list[bool] = []
+    monkeypatch.setattr(piper_engine, "load_voice", load)
+    monkeypatch.setattr(piper_engine, "release_freed_heap", lambda: trims.append(True) or True)
+    engine = PiperEngine(PiperSpec(), PiperSettings(engine_threads=1), voices_dir=tmp_path)
+    await engine.start()
+    try:
+        offered = {v.id: v.language for v in engine.voices()}
+        assert offered == {"en_US-joe-medium": "en-US", "de_DE-test-medium": "de-DE"}
+        assert sorted(loaded) == ["de_DE-test-medium.onnx", "fr_FR-damaged-low.onnx"]
+        assert trims == [True]
+        (tmp_path / "de_DE-test-medium.onnx").unlink()
+        await engine.refresh_voices()
+        assert [v.id for v in engine.voices()] == ["en_US-joe-medium"]
+        assert trims == [True]  # nothing loaded this time
+    finally:
+        await engine.stop()
+
+
 async def speak(engine: PiperEngine, options: SynthesisOptions) -> np.ndarray:
     stream = engine.open_stream(engine.default_voice, options)
     audio = np.concatenate([pcm async for pcm in stream.synthesize(TEXT)])
