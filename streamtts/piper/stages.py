@@ -287,10 +287,14 @@ class StagedVoice:
 
     def _decoder_feeds(self, latent: np.ndarray) -> dict[str, np.ndarray]:
         assert self._stages is not None
-        feeds = {self._stages.latent_name: latent}
-        if self._stages.speaker_input and self._speaker is not None:
-            feeds["sid"] = self._speaker
-        return feeds
+        return {self._stages.latent_name: latent, **self._speaker_feed()}
+
+    def _speaker_feed(self) -> dict[str, np.ndarray]:
+        """The speaker id the flow and decoder of a multi-speaker voice take (else nothing)."""
+        stages = self._stages
+        if stages is None or not stages.speaker_input or self._speaker is None:
+            return {}
+        return {"sid": self._speaker}
 
     def adopt_decoder(self, candidate: Any) -> bool:
         """Decode with ``candidate`` (an ONNX Runtime session of a rewritten decoder) from now
@@ -370,11 +374,8 @@ class StagedVoice:
         assert stages is not None
         if sentence.flow_prefix is None:
             prior, mask = sentence.arrays
-            speaker = (
-                {"sid": self._speaker} if stages.speaker_input and self._speaker is not None else {}
-            )
             sentence.flow_prefix = ChainPrefix(
-                stages.flow_links, prior, {stages.prior_names[1]: mask}, speaker
+                stages.flow_links, prior, {stages.prior_names[1]: mask}, self._speaker_feed()
             )
         return sentence.flow_prefix
 
@@ -397,9 +398,8 @@ class StagedVoice:
         feeds = {
             stages.prior_names[0]: prior[:, :, low:high],
             stages.prior_names[1]: mask[:, :, low:high],
+            **self._speaker_feed(),
         }
-        if stages.speaker_input and self._speaker is not None:
-            feeds["sid"] = self._speaker
         return np.asarray(flow.run(None, feeds, sentence.run_options)[0], dtype=np.float32)
 
     def scaled(self, raw: PcmF32) -> PcmF32:
