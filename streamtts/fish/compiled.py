@@ -6,6 +6,8 @@ once per batch bucket (1, 2, 4, 8, ... up to the slots) and the batch is padded 
 bucket; on CUDA with ``mode="reduce-overhead"``, so each bucket replays as a CUDA graph.
 Its random draws come in as an input (drawn eagerly before the step), so a compiled graph
 samples with the same noise as eager code would: a seeded stream is reproducible compiled too.
+It is not compiled where the model computes in fp32 on the CPU with packed layers (``auto`` on
+a CPU without native bf16): the eager pass measured faster there (:func:`compiles_codebook_pass`).
 
 The slow transformer's step is compiled too where that measured faster: int8 weights on the
 CPU (19.0 -> 16.8 ms per step on the dev CPU; a packed bf16 step is faster eager, 20.9 ms,
@@ -36,8 +38,20 @@ from streamtts.models.fish.llm.generate import SlowStep, fast_codes, frame_noise
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
 from streamtts.models.fish.llm.quantize import is_int8
 from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
+from streamtts.models.fish.packed import is_packed
 
 log = logging.getLogger(__name__)
+
+
+def compiles_codebook_pass(model: DualARTransformer) -> bool:
+    """Whether ``compile`` covers the codebook pass: everywhere but where its layers were packed
+    for the eager pass, which :func:`streamtts.fish.load.prepare_llm` does under ``compile``
+    only for a model computing in fp32 on the CPU (``auto`` on a CPU without native bf16).
+    There the packed eager pass measured faster than a compiled one, whose frozen graphs also
+    hold their own copy of the weights (Zen 3, ``synthetic:1.5``, batch 1, two rounds: 103 and
+    107 ms a pass against 167 and 168 compiled, 4.3 and 4.1 frames/s end to end against 3.9
+    and 3.6, peak memory 4.3 GB against 6.4)."""
+    return not is_packed(model.fast_layers)
 
 
 def compiles_slow_step(model: DualARTransformer) -> bool:

@@ -25,7 +25,12 @@ import torch
 
 from streamtts.engine.base import ClonedVoice
 from streamtts.engine.worker import OnFatal, Worker, each_alone
-from streamtts.fish.compiled import CompiledFastCodes, compile_slow_step, compiles_slow_step
+from streamtts.fish.compiled import (
+    CompiledFastCodes,
+    compile_slow_step,
+    compiles_codebook_pass,
+    compiles_slow_step,
+)
 from streamtts.fish.devices import DeviceContext, fulfil
 from streamtts.fish.jobs import Phase, SegmentJob, StreamSlot
 from streamtts.fish.prefixes import VoicePrefixes
@@ -224,13 +229,20 @@ class GeneratorWorker(Worker[_Command]):
             job.on_error(exc)
 
     def _compile(self) -> None:
-        fast = CompiledFastCodes(self.capacity, self._model.device)
-        fast.warm_up(self._model, self._cache)
-        self.compile_s = dict(fast.compile_s)
-        self._fast = fast
+        if compiles_codebook_pass(self._model):
+            fast = CompiledFastCodes(self.capacity, self._model.device)
+            fast.warm_up(self._model, self._cache)
+            self.compile_s = dict(fast.compile_s)
+            self._fast = fast
         if compiles_slow_step(self._model):
             self._slow, slow_s = compile_slow_step(self._model, self._cache, self.capacity)
             self.compile_s.update(slow_s)
+        if not self.compile_s:
+            log.warning(
+                "compile: nothing compiled: in fp32 on the CPU (dtype auto where the CPU has no "
+                "native bf16) the packed eager decode step is faster than a compiled one; "
+                "dtype int8 compiles (docs/operations.md, Choosing)"
+            )
 
     def _prefill_prefix(self) -> None:
         """The default voice's prefix, prefilled through slot 0 (free until a stream takes it)."""

@@ -77,12 +77,14 @@ def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
     """Ready the weights for the dtype setting: int8 layers, or oneDNN-packed layers on the
     CPU — bf16 where it has the kernels, and the fp32 that ``auto`` picks where it has not
     (explicit ``fp32`` stays on upstream's kernels: the parity mode). A compiled codebook
-    pass packs its own, by inductor freezing."""
+    pass packs its own, by inductor freezing, except in fp32, where the packed eager pass is
+    faster and stays (:func:`streamtts.fish.compiled.compiles_codebook_pass`)."""
     if settings.dtype == INT8:
         fuse_gate_up_(model)
         quantize_int8_(model)
     elif can_pack(model, fp32=not settings.parity):
-        compiled_part = (model.fast_layers, model.fast_output) if settings.compile else ()
+        compiled = settings.compile and model.dtype != torch.float32
+        compiled_part = (model.fast_layers, model.fast_output) if compiled else ()
         fuse_gate_up_(model, compiled_part)
         packed = pack_linears_(model, skip=compiled_part)
         log.info("packed %d linear layers into oneDNN's layout", packed)

@@ -1,6 +1,7 @@
 """Compiled decode steps: the slow step (int8 on the CPU) gives the eager step's results,
 written where eager writes them and nothing else in the cache touched; int8 graphs are cached
-across starts; the codebook pass pads a batch to its bucket."""
+across starts; the codebook pass pads a batch to its bucket, and is compiled everywhere but
+where its fp32 layers are packed."""
 
 from __future__ import annotations
 
@@ -15,16 +16,19 @@ from streamtts.fish.compiled import (
     CompiledFastCodes,
     batch_buckets,
     compile_slow_step,
+    compiles_codebook_pass,
     compiles_slow_step,
     freezes_weights,
 )
 from streamtts.fish.devices import emulation_warning
-from streamtts.fish.load import load_fish_bundle
+from streamtts.fish.load import load_fish_bundle, prepare_llm
+from streamtts.fish.settings import FishSettings
 from streamtts.fish.spec import FishSpec
 from streamtts.models.fish.llm.generate import fast_codes, frame_noise, slow_step
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache, fuse_gate_up_
 from streamtts.models.fish.llm.quantize import quantize_int8_
 from streamtts.models.fish.llm.sampling import BatchSampling
+from streamtts.models.fish.packed import is_packed
 
 TINY = FishSpec("synthetic:tiny", synthetic_size="tiny")
 # These compile an int8 model computing in bf16, as a CPU with native bf16 runs it. Where bf16 is
@@ -118,6 +122,26 @@ def test_int8_graphs_are_cached_across_starts(
         compile_slow_step(model, model.allocate_cache(2, 256), max_batch=1)
         assert aot["autograd_cache_hit"] == hits_before + 1
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "setting", "compiled"),
+    [
+        # auto computing in fp32 (a CPU without native bf16): packed, and left eager.
+        (torch.float32, "auto", False),
+        (torch.float32, "fp32", True),  # the parity mode packs nothing: compiled
+        (torch.float32, "int8", True),
+        (torch.bfloat16, "auto", True),  # packed eager where the CPU has bf16, not under compile
+    ],
+)
+def test_compile_covers_the_codebook_pass_except_packed_fp32(
+    dtype: torch.dtype, setting: str, compiled: bool
+) -> None:
+    model = load_fish_bundle(TINY, torch.device("cpu"), dtype).llm.model
+    prepare_llm(model, FishSettings(dtype=setting, compile=True))
+    assert compiles_codebook_pass(model) is compiled
+    if not compiled:
+        assert is_packed(model.fast_layers)
 
 
 def test_bf16_graphs_are_frozen() -> None:

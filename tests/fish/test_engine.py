@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -17,13 +18,14 @@ from streamtts.engine.base import (
     SynthesisError,
     SynthesisOptions,
 )
+from streamtts.fish import devices
 from streamtts.fish.devices import choose_dtype
 from streamtts.fish.engine import FishEngine, FishStream
 from streamtts.fish.jobs import SegmentJob
 from streamtts.fish.settings import FishSettings
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.tokenizer import FishTokenizer
-from streamtts.models.fish.packed import packs, packs_fp32
+from streamtts.models.fish.packed import is_packed, packs, packs_fp32
 from streamtts.options import OptionError
 from streamtts.scheduling import CostModel
 from tests.fish_fixture import (
@@ -288,11 +290,16 @@ async def test_int8_weights_serve_the_same_interface() -> None:
         assert engine.describe()["dtype"] == f"int8+{computes_in}"
         vocoder_packed = await engine.profile(lambda passes: passes.decoder.packed)
         assert vocoder_packed is (packs(cpu, dtype) or packs_fp32(cpu, dtype))
-        stream = fish_stream(engine)
-        audio = await speak(stream, ["two words"])
-        stream.close()
+        await says_two_words(engine)
     finally:
         await engine.stop()
+
+
+async def says_two_words(engine: FishEngine) -> None:
+    """A stream says "two words": nine frames of synthetic speech a word."""
+    stream = fish_stream(engine)
+    audio = await speak(stream, ["two words"])
+    stream.close()
     assert audio.size == 2 * 9 * FRAME_SAMPLES
 
 
@@ -383,6 +390,27 @@ async def test_a_compiled_codebook_pass_generates_what_eager_does() -> None:
     compiled = await frames(FishSettings(dtype="fp32", max_streams=2, compile=True))
     for want, got in zip(eager, compiled, strict=True):
         assert torch.equal(want, got)
+
+
+async def test_compile_leaves_a_packed_fp32_decode_step_eager(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``compile`` with ``auto`` on a CPU without native bf16 (fp32, packed): the packed eager
+    step measured faster than a compiled one, so nothing is compiled, the codebook pass keeps
+    its packed layers, and the log says why; the engine speaks as it does eager."""
+    monkeypatch.setattr(devices, "_cpu_has_native_bf16", lambda: False)
+    caplog.set_level(logging.WARNING, logger="streamtts.fish.generator")
+    engine = FishEngine("synthetic:tiny", FishSettings(max_streams=1, compile=True))
+    await engine.start()
+    try:
+        assert engine.describe()["dtype"] == "float32"
+        assert engine.describe()["compile_s"] == {}
+        fast_packed = await engine.profile(lambda passes: is_packed(passes.model.fast_layers))
+        assert fast_packed
+        assert "nothing compiled" in caplog.text
+        await says_two_words(engine)
+    finally:
+        await engine.stop()
 
 
 async def test_cpu_engine_runs_all_torch_work_on_one_thread(engine: FishEngine) -> None:
