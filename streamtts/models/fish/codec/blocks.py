@@ -13,6 +13,9 @@ weight on every call) and fuse the SiLU after them and the residual sum; their a
 *time-major*: a logical ``[B, C, T]`` tensor stored as ``[B, T, C]`` (oneDNN's channels-last),
 which runs the 16- to 64-channel audio-rate convolutions about twice as fast as ``[B, C, T]``
 storage. The layout only changes strides: every op here keeps working on the logical shape.
+A packed layer no longer holds its plain weight (72 MB of the fp32 decoder); its parameter
+stays as an empty placeholder, so the module's parameters still tell its dtype and device and
+any plain use of the weight fails loudly.
 Packed kernels sum in another order, so results move by a rounding (bf16 has no bit-exact
 reference; explicit fp32, the parity mode, is never packed). On the 2-core dev CPU a streamed
 8-frame chunk went from 6.1 to 4.5 ms per frame in bf16; in fp32 on a Zen 3, 23.6 to 18.2 ms.
@@ -69,6 +72,7 @@ class CausalConv1d(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_convolution_weight(
             weight, [0, 0], [1, self.stride], [1, self.dilation], self.groups, input_size
         )
+        release_plain_weight(self.conv)
 
     def forward(
         self,
@@ -120,6 +124,12 @@ class CausalConv1d(nn.Module):
         return out
 
 
+def release_plain_weight(conv: nn.Conv1d | nn.ConvTranspose1d) -> None:
+    """Replace a packed layer's plain weight by an empty placeholder of its dtype and device
+    (see the module doc)."""
+    conv.weight = nn.Parameter(conv.weight.detach().new_empty(0), requires_grad=False)
+
+
 def _channels_last(x: Tensor) -> Tensor:
     """[B, C, T] -> a [B, C, 1, T] view in oneDNN's channels-last layout (a copy if needed)."""
     x4 = x.unsqueeze(2)
@@ -141,16 +151,22 @@ class CausalConvTranspose1d(nn.Module):
         super().__init__()
         self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride)
         self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = kernel_size
         self.stride = stride
         self.context_width = -(-kernel_size // stride) - 1
         self.context_slot = -1
         self.packed: Tensor | None = None  # [C_out * k, C_in] in oneDNN's layout
 
     def pack_(self) -> None:
-        """Hold the overlap-add product's weight in oneDNN's blocked layout (CPU)."""
+        """Hold the overlap-add product's weight in oneDNN's blocked layout (CPU); a kernel that
+        is no multiple of the stride keeps torch's kernel and its plain weight."""
+        if self.kernel_size % self.stride:
+            return
         weight = self.conv.weight.detach()  # [C_in, C_out, k]
         flat_t = weight.reshape(weight.shape[0], -1).t().contiguous()  # [C_out * k, C_in]
         self.packed = torch.ops.mkldnn._reorder_linear_weight(flat_t, 1)
+        release_plain_weight(self.conv)
 
     def forward(self, x: Tensor, ctx: LeftContext | None = None) -> Tensor:
         """x [B, C_in, T] -> [B, C_out, T * stride]."""
@@ -159,10 +175,9 @@ class CausalConvTranspose1d(nn.Module):
             xp = F.pad(x, (width, 0))  # [B, C_in, W + T]
         else:
             xp = ctx.extend(self.context_slot, x) if width else x
-        kernel, stride = self.conv.weight.shape[-1], self.stride
-        if kernel % stride:
-            y = F.conv_transpose1d(xp, self.conv.weight, self.conv.bias, stride)
-            return y[:, :, width * stride : (width + x.shape[-1]) * stride]
+        if self.kernel_size % self.stride:
+            y = F.conv_transpose1d(xp, self.conv.weight, self.conv.bias, self.stride)
+            return y[:, :, width * self.stride : (width + x.shape[-1]) * self.stride]
         return self._overlap_add(xp, x.shape[-1])
 
     def _overlap_add(self, xp: Tensor, frames: int) -> Tensor:
@@ -173,11 +188,11 @@ class CausalConvTranspose1d(nn.Module):
         ConvTranspose1d is im2col-based and several times slower at these shapes.)
         """
         batch, c_in, _ = xp.shape
-        weight, bias = self.conv.weight, self.conv.bias  # [C_in, C_out, k], [C_out]
-        c_out, kernel = weight.shape[1], weight.shape[2]
+        bias = self.conv.bias  # [C_out]
+        c_out, kernel = self.out_channels, self.kernel_size
         stride, reps = self.stride, kernel // self.stride
         if self.packed is None:
-            flat = weight.reshape(c_in, c_out * kernel)  # [C_in, C_out * k]
+            flat = self.conv.weight.reshape(c_in, c_out * kernel)  # [C_in, C_out * k]
             blocks = torch.matmul(xp.transpose(1, 2), flat)  # [B, W + T, C_out * k]
         else:
             blocks = torch.ops.mkldnn._linear_pointwise(

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from streamtts.models.fish.codec.blocks import CausalConv1d, CausalConvTranspose1d
 from streamtts.models.fish.codec.firefly import Firefly, load_firefly
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
 from streamtts.models.fish.packed import packs, packs_fp32
@@ -137,6 +138,7 @@ def test_bf16_incremental_close_to_fp32(
 
 
 CPU = torch.device("cpu")
+CONVS = (CausalConv1d, CausalConvTranspose1d)
 # Packed decoders: bf16 where oneDNN has bf16 kernels; fp32 (``pack_fp32``: ``dtype auto`` and
 # int8 without native bf16) wherever it has oneDNN, so every CPU runs one of them.
 PACKED_DTYPES = [
@@ -202,6 +204,21 @@ def test_packing_copies_the_callers_decoder_unless_given_it(firefly: Firefly) ->
     own = copy.deepcopy(firefly.decoder)
     given = IncrementalDecoder(own, "cpu", torch.float32, pack_fp32=True, in_place=True)
     assert given.decoder is own and packed_convs(own) == packed_convs(copied.decoder)
+
+
+@pytest.mark.parametrize("dtype", PACKED_DTYPES)
+def test_packed_layers_drop_their_plain_weights(firefly: Firefly, dtype: torch.dtype) -> None:
+    """A packed convolution holds its weight once, packed: the plain one is an empty
+    placeholder of the decoder's dtype, and a plain use of it fails instead of computing."""
+    dec = IncrementalDecoder(firefly.decoder, "cpu", dtype, pack_fp32=True)
+    packed = [m for m in dec.decoder.modules() if isinstance(m, CONVS) and m.packed is not None]
+    assert {type(m) for m in packed} == set(CONVS)
+    for module in packed:
+        assert module.conv.weight.numel() == 0 and module.conv.weight.dtype == dtype
+    layer = packed[0]
+    layer.packed = None
+    with pytest.raises(RuntimeError):
+        layer(torch.zeros(1, layer.in_channels, 4, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", PACKED_DTYPES)
