@@ -65,8 +65,11 @@ class CausalConv1d(nn.Module):
         """Hold the weight in oneDNN's blocked layout from now on (CPU; see the module doc).
 
         oneDNN convolves 2-D, so the weight gets a unit height; ``typical_columns`` only
-        guides the choice of blocking, any length is accepted afterwards.
+        guides the choice of blocking, any length is accepted afterwards. Packing twice is
+        packing once (the plain weight is gone after the first).
         """
+        if self.packed is not None:
+            return
         weight = self.conv.weight.detach().unsqueeze(2)  # [C_out, C_in / groups, 1, K]
         input_size = [1, self.in_channels, 1, typical_columns]
         self.packed = torch.ops.mkldnn._reorder_convolution_weight(
@@ -160,8 +163,9 @@ class CausalConvTranspose1d(nn.Module):
 
     def pack_(self) -> None:
         """Hold the overlap-add product's weight in oneDNN's blocked layout (CPU); a kernel that
-        is no multiple of the stride keeps torch's kernel and its plain weight."""
-        if self.kernel_size % self.stride:
+        is no multiple of the stride keeps torch's kernel and its plain weight. Packing twice
+        is packing once."""
+        if self.kernel_size % self.stride or self.packed is not None:
             return
         weight = self.conv.weight.detach()  # [C_in, C_out, k]
         flat_t = weight.reshape(weight.shape[0], -1).t().contiguous()  # [C_out * k, C_in]

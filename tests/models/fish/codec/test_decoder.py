@@ -215,6 +215,11 @@ def test_packed_layers_drop_their_plain_weights(firefly: Firefly, dtype: torch.d
     assert {type(m) for m in packed} == set(CONVS)
     for module in packed:
         assert module.conv.weight.numel() == 0 and module.conv.weight.dtype == dtype
+    # Packing a packed decoder again (its packed weights cannot be copied) leaves it as it is.
+    again = IncrementalDecoder(dec.decoder, "cpu", dtype, pack_fp32=True, in_place=True)
+    state = again.new_state()
+    codes = torch.randint(0, 1000, (8, 4), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(again.decode([state], [codes])[0], dec.decode([dec.new_state()], [codes])[0])
     layer = packed[0]
     layer.packed = None
     with pytest.raises(RuntimeError):
