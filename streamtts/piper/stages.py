@@ -40,7 +40,7 @@ import numpy as np
 
 from streamtts.engine.base import PcmF32
 from streamtts.piper.blocked import blocked_decoder
-from streamtts.piper.chain import Chained, ChainPrefix, Link, cut_chain
+from streamtts.piper.chain import Chained, ChainPrefix, Link, RunLink, cut_chain
 from streamtts.piper.reach import receptive_frames
 
 log = logging.getLogger(__name__)
@@ -308,10 +308,7 @@ class StagedVoice:
         feeds = self._decoder_feeds(self._latent(sentence, 0, self.frames(sentence), None))
         reference = np.asarray(stages.decoder.run(None, feeds)[0], dtype=np.float32)
         made = np.asarray(candidate.run(None, feeds)[0], dtype=np.float32)
-        peak = float(np.abs(reference).max())
-        if made.shape != reference.shape or not (
-            np.abs(made - reference).max() <= WINDOW_TOLERANCE * peak
-        ):
+        if not matches(made, reference):
             return False
         self._stages = dataclasses.replace(stages, decoder=candidate)
         self.decodes_blocked = True
@@ -337,12 +334,7 @@ class StagedVoice:
             return False
         chained = Chained(stages.flow_links)
         whole_chained = self._flow(fresh, 0, total, chained)
-        peak = float(np.abs(whole).max())
-        self.flow_chained = all(
-            other.shape == whole.shape
-            and bool(np.abs(other - whole).max() <= WINDOW_TOLERANCE * peak)
-            for other in (made, whole_chained)
-        )
+        self.flow_chained = matches(made, whole) and matches(whole_chained, whole)
         if self.flow_chained:  # whole sentences through the links too: one copy of the weights
             self._stages = dataclasses.replace(stages, flow=chained)
         return self.flow_chained
@@ -380,9 +372,7 @@ class StagedVoice:
         return sentence.flow_prefix
 
     @staticmethod
-    def _link_runner(
-        sentence: Sentence,
-    ) -> Callable[[Link[Any], dict[str, np.ndarray]], np.ndarray]:
+    def _link_runner(sentence: Sentence) -> RunLink:
         def run(link: Link[Any], feeds: dict[str, np.ndarray]) -> np.ndarray:
             made = link.part.run(None, feeds, sentence.run_options)[0]
             return np.asarray(made, dtype=np.float32)
@@ -454,15 +444,22 @@ def _least_context(
 ) -> int | None:
     """The least context of ``tried`` with which ``window(start, stop, context)`` of two halves
     joins to ``whole`` (along its last axis)."""
-    peak = float(np.abs(whole).max())
     cut = total // 2
     for context in tried:
         if cut <= 2 * context:
             break
         joined = np.concatenate([window(0, cut, context), window(cut, total, context)], axis=-1)
-        if joined.shape == whole.shape and np.abs(joined - whole).max() <= WINDOW_TOLERANCE * peak:
+        if matches(joined, whole):
             return context
     return None
+
+
+def matches(made: np.ndarray, reference: np.ndarray) -> bool:
+    """``made`` has ``reference``'s shape and is within :data:`WINDOW_TOLERANCE` of its peak."""
+    if made.shape != reference.shape:
+        return False
+    peak = float(np.abs(reference).max())
+    return bool(np.abs(made - reference).max() <= WINDOW_TOLERANCE * peak)
 
 
 def cost_under_load(voice: StagedVoice, head_frames: int) -> tuple[float, float]:

@@ -75,7 +75,7 @@ class CausalConv1d(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_convolution_weight(
             weight, [0, 0], [1, self.stride], [1, self.dilation], self.groups, input_size
         )
-        release_plain_weight(self.conv)
+        _release_plain_weight(self.conv)
 
     def forward(
         self,
@@ -127,7 +127,7 @@ class CausalConv1d(nn.Module):
         return out
 
 
-def release_plain_weight(conv: nn.Conv1d | nn.ConvTranspose1d) -> None:
+def _release_plain_weight(conv: nn.Conv1d | nn.ConvTranspose1d) -> None:
     """Replace a packed layer's plain weight by an empty placeholder of its dtype and device
     (see the module doc)."""
     conv.weight = nn.Parameter(conv.weight.detach().new_empty(0), requires_grad=False)
@@ -170,7 +170,7 @@ class CausalConvTranspose1d(nn.Module):
         weight = self.conv.weight.detach()  # [C_in, C_out, k]
         flat_t = weight.reshape(weight.shape[0], -1).t().contiguous()  # [C_out * k, C_in]
         self.packed = torch.ops.mkldnn._reorder_linear_weight(flat_t, 1)
-        release_plain_weight(self.conv)
+        _release_plain_weight(self.conv)
 
     def forward(self, x: Tensor, ctx: LeftContext | None = None) -> Tensor:
         """x [B, C_in, T] -> [B, C_out, T * stride]."""
