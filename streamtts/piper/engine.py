@@ -104,6 +104,7 @@ class PiperEngine(Engine):
         self._voice_id = self._model_path.name.removesuffix(".onnx")
         self._voices_dir = voices_dir
         self._settings = settings
+        self._cache = settings.calibration_cache()
         self._scheduling = scheduling or SchedulingSettings()
         self._workers: DeadlineWorkers | None = None
         self._loaded: dict[str, StagedVoice] = {}
@@ -151,7 +152,9 @@ class PiperEngine(Engine):
         model, config = self._model_path, self._config_path
         # Nothing is served yet: the voice is calibrated on every worker's core.
         workers = self._settings.engine_threads
-        load = functools.partial(load_voice, model, config, threads, calibration_threads=workers)
+        load = functools.partial(
+            load_voice, model, config, threads, calibration_threads=workers, cache=self._cache
+        )
         voice = await self._on_worker(load)
         self._loaded[self._voice_id] = voice
         # The cost admission starts from, measured on every worker at once.
@@ -192,7 +195,7 @@ class PiperEngine(Engine):
                     continue
                 config = model.with_suffix(".onnx.json")
                 try:
-                    load = functools.partial(load_voice, model, config, threads)
+                    load = functools.partial(load_voice, model, config, threads, cache=self._cache)
                     voice = await self._on_worker(load)
                 except Exception:  # a damaged model is skipped, never fatal
                     log.warning("skipping the Piper voice %s", model, exc_info=True)

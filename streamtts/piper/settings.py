@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamtts.bounds import require_bounds
+from streamtts.piper.calibration_cache import CalibrationCache, cache_directory
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,13 @@ class PiperSettings:
     piper_onnx_threads: int = 1
     # A segment is cut into jobs of at most this many characters, at clause boundaries.
     piper_max_job_chars: int = 100
+    # Where a voice's calibration is kept between starts (found by making sentences at load,
+    # ~3 s); "": $XDG_CACHE_HOME/streamtts/piper, else ~/.cache/streamtts/piper; "off": none.
+    piper_calibration_cache: str = ""
 
     def __post_init__(self) -> None:
         require_bounds(self, engine_threads=1, piper_onnx_threads=1, piper_max_job_chars=20)
+
+    def calibration_cache(self) -> CalibrationCache | None:
+        directory = cache_directory(self.piper_calibration_cache)
+        return None if directory is None else CalibrationCache(directory)

@@ -40,6 +40,7 @@ import numpy as np
 
 from streamtts.engine.base import PcmF32
 from streamtts.piper.blocked import blocked_decoder
+from streamtts.piper.calibration_cache import Calibration, CalibrationCache, calibration_key
 from streamtts.piper.chain import Chained, ChainPrefix, Link, RunLink, cut_chain
 from streamtts.piper.reach import receptive_frames
 
@@ -310,9 +311,57 @@ class StagedVoice:
         made = np.asarray(candidate.run(None, feeds)[0], dtype=np.float32)
         if not matches(made, reference):
             return False
-        self._stages = dataclasses.replace(stages, decoder=candidate)
-        self.decodes_blocked = True
+        self.use_blocked_decoder(candidate)
         return True
+
+    def use_blocked_decoder(self, candidate: Any) -> None:
+        """Decode with ``candidate`` from now on, unchecked (it was checked when the voice's
+        calibration was found)."""
+        assert self._stages is not None
+        self._stages = dataclasses.replace(self._stages, decoder=candidate)
+        self.decodes_blocked = True
+
+    def calibration(self) -> Calibration:
+        """What calibrating this voice found, to be kept for the next start."""
+        return Calibration(
+            self.context_frames,
+            self.flow_context_frames,
+            self.flow_chained,
+            self.decodes_blocked,
+            self.gain,
+        )
+
+    def restore(self, calibration: Calibration) -> bool:
+        """Take what an earlier calibration of this voice found (its blocked decoder already in
+        use, where it found one), then check it here (:meth:`holds`). False: it does not hold,
+        and this voice is to be loaded again."""
+        if calibration.decodes_blocked != self.decodes_blocked:
+            return False
+        self.context_frames = calibration.context_frames
+        self.flow_context_frames = calibration.flow_context_frames
+        self.gain = calibration.gain
+        if calibration.flow_chained:
+            stages = self._stages
+            if stages is None or not stages.flow_links or self.flow_context_frames is None:
+                return False
+            self._stages = dataclasses.replace(stages, flow=Chained(stages.flow_links))
+            self.flow_chained = True
+        return self.holds()
+
+    def holds(self) -> bool:
+        """A calibration sentence made as a first window and the rest equals it made whole (to
+        :data:`WINDOW_TOLERANCE` of its peak); True where the voice decodes whole sentences
+        only. Either way its sessions have run once."""
+        (ids, *_) = self.phoneme_ids(CALIBRATION_SENTENCES[1])
+        sentence = self.sentence(ids, self.scales(1.0))
+        whole = self.render(sentence)
+        total = self.frames(sentence)
+        if self.context_frames is None or total < 3:
+            return True
+        fresh = Sentence(sentence.arrays, run_options=sentence.run_options)
+        head = total // 3
+        windows = np.concatenate([self.render(fresh, 0, head), self.render(fresh, head)])
+        return matches(windows, whole)
 
     def chain_flow(self, sentence: Sentence) -> bool:
         """Run the flow's windows link by link from now on (:mod:`chain`) if, for ``sentence``,
@@ -494,12 +543,39 @@ def load_voice(
     onnx_threads: int,
     blocked: bool = True,
     calibration_threads: int = 1,
+    cache: CalibrationCache | None = None,
 ) -> StagedVoice:
     """The voice, its sessions running ``onnx_threads`` intra-op threads each (Piper's own
     loader gives every session one thread per core: with several workers, more threads than
     cores); split, its decoder on blocked kernels where that makes the same audio (``blocked``;
     False keeps it as exported, for comparison), its context found and its gain measured (a few
-    sentences' worth of work, on ``calibration_threads`` threads)."""
+    sentences' worth of work, on ``calibration_threads`` threads) — or, with ``cache``, taken
+    from an earlier start's calibration where one is stored and holds here
+    (:mod:`calibration_cache`), and stored once found."""
+    key = None if cache is None else calibration_key(model, config, onnx_threads, blocked)
+    stored = None if cache is None or key is None else cache.load(key)
+    voice = _load_voice(model, config, onnx_threads, blocked, calibration_threads, stored)
+    if voice is None:  # what was stored does not hold here: calibrated afresh, and replaced
+        log.warning("Piper voice %s: its stored calibration does not hold; calibrating", model)
+        voice = _load_voice(model, config, onnx_threads, blocked, calibration_threads, None)
+        assert voice is not None
+    elif stored is not None:
+        log.info("Piper voice %s: calibration read from the cache", model.name)
+        return voice
+    if cache is not None and key is not None:
+        cache.store(key, voice.calibration())
+    return voice
+
+
+def _load_voice(
+    model: Path,
+    config: Path,
+    onnx_threads: int,
+    blocked: bool,
+    calibration_threads: int,
+    stored: Calibration | None,
+) -> StagedVoice | None:
+    """The voice, calibrated, or with ``stored`` restored (None where that does not hold)."""
     try:
         import onnx
         import onnxruntime
@@ -533,8 +609,18 @@ def load_voice(
         voice.decoder_reach_frames = receptive_frames(split.decoder, [split.latent_name])
         if split.flow is not None:
             voice.flow_reach_frames = receptive_frames(split.flow, list(split.prior_names))
-        if blocked:
+        if stored is not None and stored.decodes_blocked:
+            try:
+                rewritten = blocked_decoder(split.decoder, split.latent_name)
+            except Exception:  # what was stored came from a rewrite that no longer runs
+                rewritten = None
+            if rewritten is None:
+                return None
+            voice.use_blocked_decoder(session(rewritten.SerializeToString()))
+        elif stored is None and blocked:
             _adopt_blocked_decoder(voice, split, session)
+    if stored is not None:
+        return voice if voice.restore(stored) else None
     calibrate(voice, calibration_threads)
     return voice
 

@@ -29,7 +29,7 @@ async def engine(voice: StagedVoice, monkeypatch: pytest.MonkeyPatch) -> AsyncIt
     """An engine on the shared voice (tests/piper/conftest.py) instead of a load of its own."""
 
     def loaded(
-        model: Path, config: Path, onnx_threads: int, calibration_threads: int
+        model: Path, config: Path, onnx_threads: int, calibration_threads: int, cache: Any
     ) -> StagedVoice:
         # Calibrated on every worker while nothing is served yet.
         assert (model, config, onnx_threads, calibration_threads) == (*bundled_voice_paths(), 1, 1)
@@ -43,21 +43,25 @@ async def engine(voice: StagedVoice, monkeypatch: pytest.MonkeyPatch) -> AsyncIt
 
 
 async def test_the_voice_is_calibrated_on_every_worker(
-    voice: StagedVoice, monkeypatch: pytest.MonkeyPatch
+    voice: StagedVoice, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """With two workers the voice loads with two calibration threads (the fixture's one
-    worker cannot tell that from a constant); admission starts from a measured cost."""
-    calls: list[tuple[Path, Path, int, int]] = []
+    worker cannot tell that from a constant) and the calibration cache the settings name;
+    admission starts from a measured cost."""
+    calls: list[tuple[Path, Path, int, int, Path | None]] = []
 
-    def loaded(model: Path, config: Path, onnx_threads: int, calibration_threads: int) -> Any:
-        calls.append((model, config, onnx_threads, calibration_threads))
+    def loaded(
+        model: Path, config: Path, onnx_threads: int, calibration_threads: int, cache: Any
+    ) -> Any:
+        calls.append((model, config, onnx_threads, calibration_threads, cache.directory))
         return voice
 
     monkeypatch.setattr(piper_engine, "load_voice", loaded)
-    engine = PiperEngine(PiperSpec(), PiperSettings(engine_threads=2))
+    settings = PiperSettings(engine_threads=2, piper_calibration_cache=str(tmp_path))
+    engine = PiperEngine(PiperSpec(), settings)
     await engine.start()
     try:
-        assert calls == [(*bundled_voice_paths(), 1, 2)]
+        assert calls == [(*bundled_voice_paths(), 1, 2, tmp_path)]  # the setting's folder
         assert engine.cost.cost(1) is not None and engine.capacity().realtime_streams
     finally:
         await engine.stop()
@@ -77,7 +81,13 @@ async def test_voices_of_the_folder_come_and_go_and_a_damaged_one_is_skipped(
     (tmp_path / "no_NO-configless-x_low.onnx").symlink_to(bundled_model)  # no config: not a voice
     loaded: list[str] = []
 
-    def load(model: Path, config: Path, onnx_threads: int, calibration_threads: int = 1) -> Any:
+    def load(
+        model: Path,
+        config: Path,
+        onnx_threads: int,
+        calibration_threads: int = 1,
+        cache: Any = None,
+    ) -> Any:
         if model.parent == tmp_path:
             loaded.append(model.name)
             if "damaged" in model.name:
