@@ -26,7 +26,8 @@ from typing import Any
 from loadtest import print_result
 from loadtest.__main__ import TEXTS
 from streamtts.piper.engine import HEAD_FRAMES, bundled_voice_paths
-from streamtts.piper.stages import Sentence, StagedVoice, load_voice
+from streamtts.piper.load import load_voice
+from streamtts.piper.stages import Sentence, StagedVoice
 
 
 def _timed(fn: Callable[..., Any], *args: Any) -> float:

@@ -1,8 +1,9 @@
 """A Piper voice's calibration kept between starts.
 
 Calibration (:func:`streamtts.piper.stages.calibrate`, and the check that the blocked decoder
-makes the exported one's audio) makes a dozen sentences at load: about 3 s of a ~7.5 s start
-with the bundled voice on the 2-core dev machine. What it finds depends only on the voice's
+makes the exported one's audio) makes a dozen sentences at load; with reading, cutting and
+rewriting the voice's graph, about 4 s of a ~7.5 s start with the bundled voice on the 2-core
+dev machine. What it finds depends only on the voice's
 files, the code that cuts and rewrites its graph, the libraries that run it and the CPU's
 kernels, so it is stored under a key made of all of them (:func:`calibration_key`) and read
 back at the next start. A start from a stored calibration still checks it on this machine:
@@ -10,6 +11,10 @@ one sentence made whole and as a first window and the rest must match
 (:meth:`streamtts.piper.stages.StagedVoice.holds`); an entry that does not hold, cannot be read
 or is not ours is calibrated again and replaced. The cache is only ever a shortcut: a folder
 that cannot be written is logged once per voice and the voice is calibrated as before.
+
+An entry also holds the voice's graph as it runs — cut into stages, the flow into its links,
+the decoder rewritten (:mod:`streamtts.piper.load`) — so a start from it need not read, cut and
+rewrite the graph either (``onnx`` is not even imported): its sessions load those files.
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ import json
 import logging
 import os
 import platform
+import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +53,13 @@ class Calibration:
     decodes_blocked: bool  # the decoder runs on the blocked kernels
     gain: float
 
-    def to_json(self) -> str:
-        return json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
-
     @classmethod
-    def from_json(cls, text: str) -> Calibration:
-        """The entry ``text`` holds; ValueError for anything else (another format, a field
-        missing, extra or of the wrong type, a gain that is not a positive finite number)."""
-        data = json.loads(text)
-        if not isinstance(data, dict) or data.pop("format", None) != FORMAT_VERSION:
-            raise ValueError("not a calibration of this format")
+    def from_dict(cls, data: object) -> Calibration:
+        """The calibration ``data`` holds; ValueError for anything else (a field missing, extra
+        or of the wrong type, a gain that is not a positive finite number)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        if set(data) != names:
-            raise ValueError(f"fields {sorted(data)}, not {sorted(names)}")
+        if not isinstance(data, dict) or set(data) != names:
+            raise ValueError(f"a calibration has the fields {sorted(names)}")
         for name in ("context_frames", "flow_context_frames"):
             value = data[name]
             if value is not None and (type(value) is not int or value < 0):
@@ -69,6 +71,16 @@ class Calibration:
         if type(gain) not in (int, float) or not 0 < gain < float("inf"):
             raise ValueError(f"gain must be a positive number, not {gain!r}")
         return cls(**{**data, "gain": float(gain)})
+
+
+@dataclass(frozen=True)
+class StoredVoice:
+    """An entry: the calibration, and (where stored) the voice's graph as it runs: its parts'
+    files in ``parts_dir``, described by ``layout`` (the loader's own description)."""
+
+    calibration: Calibration
+    layout: dict[str, Any] | None = None
+    parts_dir: Path | None = None
 
 
 def cache_directory(setting: str) -> Path | None:
@@ -127,7 +139,8 @@ def _cpu_identity() -> str:
 
 
 class CalibrationCache:
-    """Entries ``<key>.json`` in ``directory`` (made when the first one is stored)."""
+    """Entries ``<key>.json``, each with its parts' folder ``<key>.<suffix>`` beside it, in
+    ``directory`` (made when the first one is stored)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -135,7 +148,7 @@ class CalibrationCache:
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.json"
 
-    def load(self, key: str) -> Calibration | None:
+    def load(self, key: str) -> StoredVoice | None:
         """The stored entry, or None where there is none or it cannot be used (logged)."""
         path = self._path(key)
         try:
@@ -146,27 +159,68 @@ class CalibrationCache:
             log.warning("Piper calibration cache: cannot read %s (%s); calibrating", path, exc)
             return None
         try:
-            return Calibration.from_json(text)
+            return self._entry(key, json.loads(text))
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             log.warning("Piper calibration cache: %s is not usable (%s); calibrating", path, exc)
             return None
 
-    def store(self, key: str, calibration: Calibration) -> None:
-        """Write the entry atomically (a reader never sees half of one); a folder that cannot
-        be written is logged, never raised: the next start calibrates again."""
+    def _entry(self, key: str, data: object) -> StoredVoice:
+        if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
+            raise ValueError("not an entry of this format")
+        if set(data) != {"format", "calibration", "layout", "parts"}:
+            raise ValueError(f"fields {sorted(data)}")
+        calibration = Calibration.from_dict(data["calibration"])
+        layout, parts = data["layout"], data["parts"]
+        if layout is None and parts is None:
+            return StoredVoice(calibration)
+        if not isinstance(layout, dict) or not isinstance(parts, str):
+            raise ValueError("a layout goes with its parts' folder")
+        parts_dir = self.directory / parts
+        if parts_dir.parent != self.directory or not parts.startswith(f"{key}."):
+            raise ValueError(f"parts folder {parts!r} is not this entry's")
+        return StoredVoice(calibration, layout, parts_dir)
+
+    def store(
+        self,
+        key: str,
+        calibration: Calibration,
+        layout: dict[str, Any] | None = None,
+        parts: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Write the entry: its parts' files (``parts``: file name -> bytes, described by
+        ``layout``) into a folder of their own, then its JSON, atomically (a reader sees the
+        old entry or the new one, whole); older parts of the key are removed. A folder that
+        cannot be written is logged, never raised: the next start calibrates again."""
+        parts_dir: Path | None = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            if parts is not None:
+                parts_dir = Path(tempfile.mkdtemp(dir=self.directory, prefix=f"{key}."))
+                for name, content in parts.items():
+                    (parts_dir / Path(name).name).write_bytes(content)
+            entry = {
+                "format": FORMAT_VERSION,
+                "calibration": dataclasses.asdict(calibration),
+                "layout": layout if parts is not None else None,
+                "parts": None if parts_dir is None else parts_dir.name,
+            }
             fd, partial = tempfile.mkstemp(dir=self.directory, prefix=".", suffix=".partial")
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(calibration.to_json())
+                    json.dump(entry, f, sort_keys=True)
                 os.replace(partial, self._path(key))
             except BaseException:
                 Path(partial).unlink(missing_ok=True)
                 raise
         except OSError as exc:
+            if parts_dir is not None:
+                shutil.rmtree(parts_dir, ignore_errors=True)
             log.warning(
                 "Piper calibration cache: cannot write to %s (%s); the next start calibrates again",
                 self.directory,
                 exc,
             )
+            return
+        for older in self.directory.glob(f"{key}.*"):
+            if older.is_dir() and older != parts_dir:
+                shutil.rmtree(older, ignore_errors=True)

@@ -41,6 +41,7 @@ from streamtts.engine.base import (
 from streamtts.engine.handoff import PcmHandoff
 from streamtts.heap import release_freed_heap
 from streamtts.options import PIPER
+from streamtts.piper.load import load_voice
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
 from streamtts.piper.stages import (
@@ -48,7 +49,6 @@ from streamtts.piper.stages import (
     Sentence,
     StagedVoice,
     cost_under_load,
-    load_voice,
     run_options,
 )
 from streamtts.piper.workers import DeadlineWorkers, job_pieces

@@ -16,8 +16,9 @@ class PiperSettings:
     piper_onnx_threads: int = 1
     # A segment is cut into jobs of at most this many characters, at clause boundaries.
     piper_max_job_chars: int = 100
-    # Where a voice's calibration is kept between starts (found by making sentences at load,
-    # ~3 s); "": $XDG_CACHE_HOME/streamtts/piper, else ~/.cache/streamtts/piper; "off": none.
+    # Where a voice's calibration and its graph as it runs are kept between starts (a later
+    # start takes ~4 s less); "": $XDG_CACHE_HOME/streamtts/piper, else ~/.cache/streamtts/piper;
+    # "off": none.
     piper_calibration_cache: str = ""
 
     def __post_init__(self) -> None:

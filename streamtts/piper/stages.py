@@ -27,22 +27,18 @@ and between the pieces of a sentence.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from streamtts.engine.base import PcmF32
-from streamtts.piper.blocked import blocked_decoder
-from streamtts.piper.calibration_cache import Calibration, CalibrationCache, calibration_key
+from streamtts.piper.calibration_cache import Calibration
 from streamtts.piper.chain import Chained, ChainPrefix, Link, RunLink, cut_chain
-from streamtts.piper.reach import receptive_frames
 
 log = logging.getLogger(__name__)
 Part = TypeVar("Part")
@@ -535,111 +531,6 @@ def cost_under_load(voice: StagedVoice, head_frames: int) -> tuple[float, float]
             compute_s += time.perf_counter() - started_s
             audio_samples += sum(part.size for part in parts)
     return compute_s, audio_samples / voice.sample_rate
-
-
-def load_voice(
-    model: Path,
-    config: Path,
-    onnx_threads: int,
-    blocked: bool = True,
-    calibration_threads: int = 1,
-    cache: CalibrationCache | None = None,
-) -> StagedVoice:
-    """The voice, its sessions running ``onnx_threads`` intra-op threads each (Piper's own
-    loader gives every session one thread per core: with several workers, more threads than
-    cores); split, its decoder on blocked kernels where that makes the same audio (``blocked``;
-    False keeps it as exported, for comparison), its context found and its gain measured (a few
-    sentences' worth of work, on ``calibration_threads`` threads) — or, with ``cache``, taken
-    from an earlier start's calibration where one is stored and holds here
-    (:mod:`calibration_cache`), and stored once found."""
-    key = None if cache is None else calibration_key(model, config, onnx_threads, blocked)
-    stored = None if cache is None or key is None else cache.load(key)
-    voice = _load_voice(model, config, onnx_threads, blocked, calibration_threads, stored)
-    if voice is None:  # what was stored does not hold here: calibrated afresh, and replaced
-        log.warning("Piper voice %s: its stored calibration does not hold; calibrating", model)
-        voice = _load_voice(model, config, onnx_threads, blocked, calibration_threads, None)
-        assert voice is not None
-    elif stored is not None:
-        log.info("Piper voice %s: calibration read from the cache", model.name)
-        return voice
-    if cache is not None and key is not None:
-        cache.store(key, voice.calibration())
-    return voice
-
-
-def _load_voice(
-    model: Path,
-    config: Path,
-    onnx_threads: int,
-    blocked: bool,
-    calibration_threads: int,
-    stored: Calibration | None,
-) -> StagedVoice | None:
-    """The voice, calibrated, or with ``stored`` restored (None where that does not hold)."""
-    try:
-        import onnx
-        import onnxruntime
-        from piper import PiperVoice
-        from piper.config import PiperConfig
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise PiperNotInstalledError(
-            "Piper is not installed: pip install 'streamtts[piper]'"
-        ) from exc
-    if not model.is_file():
-        raise FileNotFoundError(f"Piper voice not found: {model}")
-    onnxruntime.set_seed(NOISE_SEED)
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = onnx_threads
-    options.inter_op_num_threads = 1
-
-    def session(source: str | bytes) -> Any:
-        return onnxruntime.InferenceSession(
-            source, sess_options=options, providers=["CPUExecutionProvider"]
-        )
-
-    piper_config = PiperConfig.from_dict(json.loads(config.read_text(encoding="utf-8")))
-    split = split_graph(onnx.load(str(model)))
-    if split is None:
-        log.warning("Piper voice %s: no decoder found in its graph; it runs whole", model)
-        whole = session(str(model))
-        voice = StagedVoice(PiperVoice(session=whole, config=piper_config), whole, None)
-    else:
-        stages = split.map(lambda part: session(part.SerializeToString()))
-        voice = StagedVoice(PiperVoice(session=stages.front, config=piper_config), None, stages)
-        voice.decoder_reach_frames = receptive_frames(split.decoder, [split.latent_name])
-        if split.flow is not None:
-            voice.flow_reach_frames = receptive_frames(split.flow, list(split.prior_names))
-        if stored is not None and stored.decodes_blocked:
-            try:
-                rewritten = blocked_decoder(split.decoder, split.latent_name)
-            except Exception:  # what was stored came from a rewrite that no longer runs
-                rewritten = None
-            if rewritten is None:
-                return None
-            voice.use_blocked_decoder(session(rewritten.SerializeToString()))
-        elif stored is None and blocked:
-            _adopt_blocked_decoder(voice, split, session)
-    if stored is not None:
-        return voice if voice.restore(stored) else None
-    calibrate(voice, calibration_threads)
-    return voice
-
-
-def _adopt_blocked_decoder(
-    voice: StagedVoice, split: Stages[Any], session: Callable[[bytes], Any]
-) -> None:
-    """The voice's decoder on ONNX Runtime's blocked kernels (:mod:`streamtts.piper.blocked`)
-    where the rewrite applies and makes the same audio; else the decoder as exported."""
-    try:
-        rewritten = blocked_decoder(split.decoder, split.latent_name)
-        if rewritten is None:
-            log.info("Piper voice: nothing in its decoder to run blocked")
-        elif not voice.adopt_decoder(session(rewritten.SerializeToString())):
-            log.warning("Piper voice: its decoder rewritten for blocked kernels differs; unused")
-    except Exception:  # an unexpected graph: the decoder as exported still works
-        log.warning(
-            "Piper voice: its decoder could not be rewritten; it runs as exported", exc_info=True
-        )
 
 
 def calibrate(voice: StagedVoice, threads: int = 1) -> None:

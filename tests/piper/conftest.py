@@ -10,7 +10,8 @@ import onnx
 import pytest
 
 from streamtts.piper.engine import bundled_voice_paths
-from streamtts.piper.stages import StagedVoice, Stages, load_voice, split_graph
+from streamtts.piper.load import load_voice
+from streamtts.piper.stages import StagedVoice, Stages, split_graph
 
 
 @pytest.fixture(scope="session")

@@ -15,12 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from streamtts.piper.blocked import blocked_decoder
 from streamtts.piper.engine import bundled_voice_paths
-from streamtts.piper.stages import (
-    WINDOW_TOLERANCE,
-    StagedVoice,
-    Stages,
-    load_voice,
-)
+from streamtts.piper.load import load_voice
+from streamtts.piper.stages import WINDOW_TOLERANCE, StagedVoice, Stages
 
 NCHWC_DOMAIN = "com.microsoft.nchwc"
 SENTENCE = "The weather today is sunny with a light breeze from the west, and mild."

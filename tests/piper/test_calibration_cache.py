@@ -4,22 +4,28 @@ libraries and CPU; checked on the machine that reads it; replaced where it does 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from streamtts.piper import calibration_cache, stages
+from streamtts.piper import calibration_cache, load
 from streamtts.piper.calibration_cache import (
     Calibration,
     CalibrationCache,
+    StoredVoice,
     cache_directory,
     calibration_key,
 )
 from streamtts.piper.engine import bundled_voice_paths
+from streamtts.piper.load import load_voice
 from streamtts.piper.settings import PiperSettings
-from streamtts.piper.stages import CALIBRATION_SENTENCES, StagedVoice, load_voice, matches
+from streamtts.piper.stages import CALIBRATION_SENTENCES, StagedVoice, matches
 
 FOUND = Calibration(
     context_frames=12, flow_context_frames=32, flow_chained=True, decodes_blocked=True, gain=1.25
@@ -73,41 +79,61 @@ def test_an_entry_round_trips(tmp_path: Path) -> None:
     cache = CalibrationCache(tmp_path / "made" / "on" / "store")
     assert cache.load("k") is None
     cache.store("k", FOUND)
-    assert cache.load("k") == FOUND
+    assert cache.load("k") == StoredVoice(FOUND)
     assert [p.name for p in cache.directory.iterdir()] == ["k.json"]  # no partial file left
     whole_only = dataclasses.replace(FOUND, context_frames=None, flow_context_frames=None)
     cache.store("k", whole_only)
-    assert cache.load("k") == whole_only
+    assert cache.load("k") == StoredVoice(whole_only)
+
+
+def good_entry() -> dict[str, Any]:
+    return {"format": 1, "calibration": dataclasses.asdict(FOUND), "layout": None, "parts": None}
 
 
 @pytest.mark.parametrize(
-    "text",
+    "spoil",
     [
-        "not json",
-        "[]",
-        '{"format": 2, "context_frames": 12, "flow_context_frames": 32, "flow_chained": true,'
-        ' "decodes_blocked": true, "gain": 1.0}',
-        '{"format": 1, "context_frames": 12, "flow_context_frames": 32, "flow_chained": true,'
-        ' "decodes_blocked": true}',
-        '{"format": 1, "context_frames": "12", "flow_context_frames": 32, "flow_chained": true,'
-        ' "decodes_blocked": true, "gain": 1.0}',
-        '{"format": 1, "context_frames": -1, "flow_context_frames": 32, "flow_chained": true,'
-        ' "decodes_blocked": true, "gain": 1.0}',
-        '{"format": 1, "context_frames": 12, "flow_context_frames": 32, "flow_chained": 1,'
-        ' "decodes_blocked": true, "gain": 1.0}',
-        '{"format": 1, "context_frames": 12, "flow_context_frames": 32, "flow_chained": true,'
-        ' "decodes_blocked": true, "gain": 0}',
-        '{"format": 1, "context_frames": 12, "flow_context_frames": 32, "flow_chained": true,'
-        ' "decodes_blocked": true, "gain": 1.0, "extra": 1}',
+        lambda e: "not json",
+        lambda e: [],
+        lambda e: {**e, "format": 2},
+        lambda e: {**e, "extra": 1},
+        lambda e: {k: v for k, v in e.items() if k != "layout"},
+        lambda e: {**e, "calibration": {**e["calibration"], "gain": 0}},
+        lambda e: {**e, "calibration": {**e["calibration"], "context_frames": "12"}},
+        lambda e: {**e, "calibration": {**e["calibration"], "context_frames": -1}},
+        lambda e: {**e, "calibration": {**e["calibration"], "flow_chained": 1}},
+        lambda e: {**e, "calibration": {k: v for k, v in e["calibration"].items() if k != "gain"}},
+        lambda e: {**e, "layout": {}},  # a layout without its parts' folder
+        lambda e: {**e, "layout": {}, "parts": "../k.elsewhere"},  # not beside its entry
+        lambda e: {**e, "layout": {}, "parts": "other.abc"},  # another key's parts
     ],
 )
 def test_an_entry_that_is_not_ours_is_not_used(
-    text: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    spoil: Callable[[dict[str, Any]], object], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    (tmp_path / "k.json").write_text(text)
+    assert CalibrationCache(tmp_path).load("k") is None  # nothing stored: nothing said
+    spoiled = spoil(good_entry())
+    (tmp_path / "k.json").write_text(spoiled if isinstance(spoiled, str) else json.dumps(spoiled))
     with caplog.at_level(logging.WARNING, logger=calibration_cache.__name__):
         assert CalibrationCache(tmp_path).load("k") is None
     assert "not usable" in caplog.text
+    (tmp_path / "k.json").write_text(json.dumps(good_entry()))
+    assert CalibrationCache(tmp_path).load("k") == StoredVoice(FOUND)
+
+
+def test_an_entry_with_parts_replaces_the_older_parts(tmp_path: Path) -> None:
+    cache = CalibrationCache(tmp_path)
+    layout = {"what": "the loader's own description"}
+    cache.store("k", FOUND, layout, {"a.onnx": b"first"})
+    first = cache.load("k")
+    assert first is not None and first.layout == layout and first.parts_dir is not None
+    assert (first.parts_dir / "a.onnx").read_bytes() == b"first"
+    cache.store("k", FOUND, layout, {"a.onnx": b"second", "b.onnx": b"more"})
+    second = cache.load("k")
+    assert second is not None and second.parts_dir is not None
+    assert not first.parts_dir.exists()
+    assert sorted(p.name for p in second.parts_dir.iterdir()) == ["a.onnx", "b.onnx"]
+    assert {p.name for p in tmp_path.iterdir()} == {"k.json", second.parts_dir.name}
 
 
 def test_a_folder_that_cannot_be_written_is_logged_not_raised(
@@ -146,40 +172,99 @@ def same_audio(a: StagedVoice, b: StagedVoice) -> bool:
     return matches(made_by_b, made_by_a) and matches(windows, made_by_a)
 
 
-def test_a_load_with_a_stored_calibration_skips_calibrating_and_makes_the_same_audio(
+def refused(*args: object, **kwargs: object) -> None:
+    raise AssertionError("calibrated, or the graph cut, although it was stored")
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, StagedVoice]:
+    """A cache folder holding the bundled voice as a first load stored it, and that voice."""
+    directory = tmp_path_factory.mktemp("calibration")
+    model, config = bundled_voice_paths()
+    found = load_voice(model, config, onnx_threads=1, cache=CalibrationCache(directory))
+    return directory, found
+
+
+def copied(stored: tuple[Path, StagedVoice], tmp_path: Path) -> CalibrationCache:
+    shutil.copytree(stored[0], tmp_path / "cache")
+    return CalibrationCache(tmp_path / "cache")
+
+
+def test_a_first_load_stores_its_calibration_and_its_graphs(
+    stored: tuple[Path, StagedVoice], voice: StagedVoice
+) -> None:
+    """What the first load found is what the shared voice's load (no cache) found; the flow is
+    kept as its links and the decoder as rewritten, as the voice runs them."""
+    directory, found = stored
+    assert found.calibration() == voice.calibration()
+    model, config = bundled_voice_paths()
+    entry = CalibrationCache(directory).load(calibration_key(model, config, 1, True))
+    assert entry is not None and entry.calibration == voice.calibration()
+    assert entry.parts_dir is not None and entry.layout is not None
+    assert len(entry.layout["links"]) == 4 and not entry.layout["flow"]
+    assert sorted(p.name for p in entry.parts_dir.iterdir()) == [
+        "decoder.onnx",
+        "front.onnx",
+        *(f"link{i}.onnx" for i in range(4)),
+    ]
+
+
+def test_a_load_from_the_cache_neither_cuts_nor_calibrates_and_makes_the_same_audio(
+    stored: tuple[Path, StagedVoice], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(load, "calibrate", refused)
+    monkeypatch.setattr(load, "split_graph", refused)
+    monkeypatch.setattr(StagedVoice, "adopt_decoder", refused)
+    model, config = bundled_voice_paths()
+    restored = load_voice(model, config, onnx_threads=1, cache=copied(stored, tmp_path))
+    assert restored.calibration() == stored[1].calibration()
+    assert restored.decodes_blocked and restored.flow_chained
+    assert same_audio(stored[1], restored)
+
+
+def test_a_stored_calibration_without_graphs_cuts_the_graph_again(
     voice: StagedVoice, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The shared voice's calibration (found by calibrating) stored under the bundled voice's
-    key: a load reads it instead of calibrating or checking the blocked decoder again."""
+    """An entry of the calibration alone (as stored for a voice that runs whole): the graph is
+    cut and rewritten again, without calibrating or checking the rewrite."""
     model, config = bundled_voice_paths()
     cache = CalibrationCache(tmp_path)
     cache.store(calibration_key(model, config, 1, True), voice.calibration())
-
-    def refused(*args: object, **kwargs: object) -> None:
-        raise AssertionError("calibrated although a calibration was stored")
-
-    monkeypatch.setattr(stages, "calibrate", refused)
+    monkeypatch.setattr(load, "calibrate", refused)
     monkeypatch.setattr(StagedVoice, "adopt_decoder", refused)
     restored = load_voice(model, config, onnx_threads=1, cache=cache)
     assert restored.calibration() == voice.calibration()
-    assert restored.decodes_blocked and restored.flow_chained
     assert same_audio(voice, restored)
 
 
-def test_a_stored_calibration_that_does_not_hold_is_found_again_and_replaced(
-    voice: StagedVoice, tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("spoiled", ["context", "graph"])
+def test_a_stored_voice_that_does_not_hold_or_load_is_found_again_and_replaced(
+    spoiled: str,
+    stored: tuple[Path, StagedVoice],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """An entry whose decoder context is too short for this voice (windows then differ from
-    the sentence made whole): the load calibrates as if nothing were stored, and stores what
-    it finds."""
+    the sentence made whole), or whose decoder's file is cut short: the load calibrates as if
+    nothing were stored, and stores what it finds in its place."""
     model, config = bundled_voice_paths()
-    cache = CalibrationCache(tmp_path)
+    cache = copied(stored, tmp_path)
     key = calibration_key(model, config, 1, True)
-    assert voice.context_frames is not None and voice.context_frames > 2
-    cache.store(key, dataclasses.replace(voice.calibration(), context_frames=2))
-    with caplog.at_level(logging.WARNING, logger=stages.__name__):
+    entry = cache.load(key)
+    assert entry is not None and entry.parts_dir is not None
+    if spoiled == "context":
+        assert entry.calibration.context_frames is not None
+        data = json.loads((cache.directory / f"{key}.json").read_text())
+        data["calibration"]["context_frames"] = 2
+        (cache.directory / f"{key}.json").write_text(json.dumps(data))
+    else:
+        decoder = entry.parts_dir / "decoder.onnx"
+        decoder.write_bytes(decoder.read_bytes()[:1000])
+    with caplog.at_level(logging.WARNING, logger=load.__name__):
         loaded = load_voice(model, config, onnx_threads=1, cache=cache)
     assert "does not hold" in caplog.text
-    assert loaded.calibration() == voice.calibration()
-    assert cache.load(key) == voice.calibration()
-    assert same_audio(voice, loaded)
+    assert loaded.calibration() == stored[1].calibration()
+    replaced = cache.load(key)
+    assert replaced is not None and replaced.calibration == stored[1].calibration()
+    assert replaced.parts_dir != entry.parts_dir and not entry.parts_dir.exists()
+    assert same_audio(stored[1], loaded)

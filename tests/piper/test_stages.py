@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from streamtts.piper.engine import HEAD_FRAMES, bundled_voice_paths
+from streamtts.piper.load import load_voice
 from streamtts.piper.stages import (
     CALIBRATION_PEAK,
     CALIBRATION_SENTENCES,
@@ -22,7 +23,6 @@ from streamtts.piper.stages import (
     calibrate,
     cost_under_load,
     find_context_frames,
-    load_voice,
     run_options,
     split_graph,
 )
@@ -209,7 +209,7 @@ def test_every_start_measures_the_same_gain() -> None:
     start and on every replica (drawn anew in each process, it varied by 1.6 dB)."""
     model, config = bundled_voice_paths()
     script = (
-        "import sys; from pathlib import Path; from streamtts.piper.stages import load_voice; "
+        "import sys; from pathlib import Path; from streamtts.piper.load import load_voice; "
         "print(repr(load_voice(Path(sys.argv[1]), Path(sys.argv[2]), onnx_threads=1).gain))"
     )
     other_process = subprocess.run(

@@ -1,0 +1,253 @@
+"""A Piper voice from its files: its graph cut into stages (:mod:`stages`), its decoder on
+blocked kernels where that makes the same audio (:mod:`blocked`), then calibrated — or, with a
+calibration cache (:mod:`calibration_cache`), all of that as an earlier start of the same voice,
+code, libraries and CPU stored it: the stages' graphs as they run and what calibration found,
+checked once more on this machine before the voice is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from streamtts.piper.blocked import blocked_decoder
+from streamtts.piper.calibration_cache import CalibrationCache, StoredVoice, calibration_key
+from streamtts.piper.chain import Chained, Link
+from streamtts.piper.reach import receptive_frames
+from streamtts.piper.stages import (
+    NOISE_SEED,
+    PiperNotInstalledError,
+    StagedVoice,
+    Stages,
+    calibrate,
+    split_graph,
+)
+
+log = logging.getLogger(__name__)
+
+Session = Callable[[str | bytes], Any]  # a model's path or bytes -> its ONNX Runtime session
+
+
+def load_voice(
+    model: Path,
+    config: Path,
+    onnx_threads: int,
+    blocked: bool = True,
+    calibration_threads: int = 1,
+    cache: CalibrationCache | None = None,
+) -> StagedVoice:
+    """The voice, its sessions running ``onnx_threads`` intra-op threads each (Piper's own
+    loader gives every session one thread per core: with several workers, more threads than
+    cores); split, its decoder on blocked kernels where that makes the same audio (``blocked``;
+    False keeps it as exported, for comparison), its context found and its gain measured (a few
+    sentences' worth of work, on ``calibration_threads`` threads). With ``cache``: taken from an
+    earlier start where that is stored and holds here, else stored once found."""
+    if not model.is_file():
+        raise FileNotFoundError(f"Piper voice not found: {model}")
+    key = None if cache is None else calibration_key(model, config, onnx_threads, blocked)
+    stored = None if cache is None or key is None else cache.load(key)
+    if stored is not None:
+        voice = _restored_voice(model, config, onnx_threads, stored)
+        if voice is not None:
+            log.info("Piper voice %s: its calibration read from the cache", model.name)
+            return voice
+        log.warning("Piper voice %s: its stored calibration does not hold; calibrating", model)
+    voice, parts = _calibrated_voice(model, config, onnx_threads, blocked, calibration_threads)
+    if cache is not None and key is not None:
+        if parts is None:
+            cache.store(key, voice.calibration())
+        else:
+            cache.store(key, voice.calibration(), *_layout(parts, voice.flow_chained))
+    return voice
+
+
+def _not_installed() -> PiperNotInstalledError:
+    return PiperNotInstalledError("Piper is not installed: pip install 'streamtts[piper]'")
+
+
+def _session_maker(onnx_threads: int) -> Session:
+    try:
+        import onnxruntime
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise _not_installed() from exc
+    onnxruntime.set_seed(NOISE_SEED)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = onnx_threads
+    options.inter_op_num_threads = 1
+
+    def session(source: str | bytes) -> Any:
+        return onnxruntime.InferenceSession(
+            source, sess_options=options, providers=["CPUExecutionProvider"]
+        )
+
+    return session
+
+
+def _staged_voice(config: Path, whole: Any, stages: Stages[Any] | None) -> StagedVoice:
+    try:
+        from piper import PiperVoice
+        from piper.config import PiperConfig
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise _not_installed() from exc
+    piper_config = PiperConfig.from_dict(json.loads(config.read_text(encoding="utf-8")))
+    front = whole if stages is None else stages.front
+    return StagedVoice(PiperVoice(session=front, config=piper_config), whole, stages)
+
+
+def _calibrated_voice(
+    model: Path, config: Path, onnx_threads: int, blocked: bool, calibration_threads: int
+) -> tuple[StagedVoice, Stages[Any] | None]:
+    """The voice calibrated, and the graphs of its stages as it runs them (None where it runs
+    whole)."""
+    try:
+        import onnx
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise _not_installed() from exc
+    session = _session_maker(onnx_threads)
+    split = split_graph(onnx.load(str(model)))
+    if split is None:
+        log.warning("Piper voice %s: no decoder found in its graph; it runs whole", model)
+        voice = _staged_voice(config, session(str(model)), None)
+        calibrate(voice, calibration_threads)
+        return voice, None
+    voice = _staged_voice(config, None, split.map(lambda part: session(part.SerializeToString())))
+    voice.decoder_reach_frames = receptive_frames(split.decoder, [split.latent_name])
+    if split.flow is not None:
+        voice.flow_reach_frames = receptive_frames(split.flow, list(split.prior_names))
+    if blocked:
+        rewritten = _adopt_blocked_decoder(voice, split, session)
+        if rewritten is not None:
+            split = dataclasses.replace(split, decoder=rewritten)
+    calibrate(voice, calibration_threads)
+    return voice, split
+
+
+def _adopt_blocked_decoder(voice: StagedVoice, split: Stages[Any], session: Session) -> Any:
+    """The voice's decoder on ONNX Runtime's blocked kernels (:mod:`streamtts.piper.blocked`)
+    where the rewrite applies and makes the same audio (its graph returned); else the decoder
+    as exported (None)."""
+    try:
+        rewritten = blocked_decoder(split.decoder, split.latent_name)
+        if rewritten is None:
+            log.info("Piper voice: nothing in its decoder to run blocked")
+        elif voice.adopt_decoder(session(rewritten.SerializeToString())):
+            return rewritten
+        else:
+            log.warning("Piper voice: its decoder rewritten for blocked kernels differs; unused")
+    except Exception:  # an unexpected graph: the decoder as exported still works
+        log.warning(
+            "Piper voice: its decoder could not be rewritten; it runs as exported", exc_info=True
+        )
+    return None
+
+
+def _layout(split: Stages[Any], chained: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(layout, parts) to store: the stages' graphs a voice runs (the flow as its links where
+    they run it, else whole) and what joins them."""
+    parts = {"front.onnx": split.front.SerializeToString()}
+    parts["decoder.onnx"] = split.decoder.SerializeToString()
+    links: list[dict[str, Any]] = []
+    if chained:
+        for index, link in enumerate(split.flow_links):
+            parts[f"link{index}.onnx"] = link.part.SerializeToString()
+            links.append(
+                {
+                    "input_name": link.input_name,
+                    "output_name": link.output_name,
+                    "reach_frames": link.reach_frames,
+                }
+            )
+    elif split.flow is not None:
+        parts["flow.onnx"] = split.flow.SerializeToString()
+    layout = {
+        "latent_name": split.latent_name,
+        "prior_names": list(split.prior_names),
+        "speaker_input": split.speaker_input,
+        "flow": "flow.onnx" in parts,
+        "links": links,
+    }
+    return layout, parts
+
+
+def _stored_stages(stored: StoredVoice, session: Session) -> Stages[Any]:
+    """The stages' sessions from the stored graphs (ValueError where the layout is not ours,
+    whatever ONNX Runtime raises where a file is missing or damaged)."""
+    layout, parts_dir = stored.layout, stored.parts_dir
+    if layout is None or parts_dir is None:
+        raise ValueError("no stored graphs")
+    latent_name, prior_names = layout["latent_name"], layout["prior_names"]
+    speaker_input, has_flow, links = layout["speaker_input"], layout["flow"], layout["links"]
+    if not (
+        isinstance(latent_name, str)
+        and isinstance(prior_names, list)
+        and len(prior_names) == 2
+        and all(isinstance(name, str) for name in prior_names)
+        and isinstance(speaker_input, bool)
+        and isinstance(has_flow, bool)
+        and isinstance(links, list)
+        and not (has_flow and links)
+    ):
+        raise ValueError("not a layout of stored stages")
+    flow_links = tuple(
+        Link(
+            session(str(parts_dir / f"link{index}.onnx")),
+            str(link["input_name"]),
+            str(link["output_name"]),
+            int(link["reach_frames"]),
+        )
+        for index, link in enumerate(links)
+    )
+    if flow_links:
+        flow: Any = Chained(flow_links)
+    else:
+        flow = session(str(parts_dir / "flow.onnx")) if has_flow else None
+    return Stages(
+        session(str(parts_dir / "front.onnx")),
+        flow,
+        session(str(parts_dir / "decoder.onnx")),
+        latent_name,
+        (prior_names[0], prior_names[1]),
+        speaker_input,
+        flow_links,
+    )
+
+
+def _restored_voice(
+    model: Path, config: Path, onnx_threads: int, stored: StoredVoice
+) -> StagedVoice | None:
+    """The voice as stored (its stages' graphs where stored, else cut again) with what its
+    calibration found, if that holds here (:meth:`StagedVoice.restore`); else None."""
+    session = _session_maker(onnx_threads)
+    calibration = stored.calibration
+    voice: StagedVoice | None
+    try:
+        if stored.layout is not None:
+            voice = _staged_voice(config, None, _stored_stages(stored, session))
+            voice.decodes_blocked = calibration.decodes_blocked
+        else:
+            voice = _cut_again(model, config, session, calibration.decodes_blocked)
+    except Exception:  # a damaged or foreign entry: calibrated afresh
+        log.warning("Piper voice %s: its stored graphs do not load", model, exc_info=True)
+        return None
+    return voice if voice is not None and voice.restore(calibration) else None
+
+
+def _cut_again(model: Path, config: Path, session: Session, blocked: bool) -> StagedVoice | None:
+    """The voice's graph cut as calibration cut it (its decoder rewritten where ``blocked``),
+    for an entry stored without its stages' graphs (a voice that runs whole)."""
+    import onnx
+
+    split = split_graph(onnx.load(str(model)))
+    if split is None:
+        return _staged_voice(config, session(str(model)), None)
+    voice = _staged_voice(config, None, split.map(lambda part: session(part.SerializeToString())))
+    if blocked:
+        rewritten = blocked_decoder(split.decoder, split.latent_name)
+        if rewritten is None:
+            return None
+        voice.use_blocked_decoder(session(rewritten.SerializeToString()))
+    return voice
