@@ -103,18 +103,12 @@ def _calibrated_voice(
 ) -> tuple[StagedVoice, Stages[Any] | None]:
     """The voice calibrated, and the graphs of its stages as it runs them (None where it runs
     whole)."""
-    try:
-        import onnx
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise _not_installed() from exc
     session = _session_maker(onnx_threads)
-    split = split_graph(onnx.load(str(model)))
+    voice, split = _cut(model, config, session)
     if split is None:
         log.warning("Piper voice %s: no decoder found in its graph; it runs whole", model)
-        voice = _staged_voice(config, session(str(model)), None)
         calibrate(voice, calibration_threads)
         return voice, None
-    voice = _staged_voice(config, None, split.map(lambda part: session(part.SerializeToString())))
     voice.decoder_reach_frames = receptive_frames(split.decoder, [split.latent_name])
     if split.flow is not None:
         voice.flow_reach_frames = receptive_frames(split.flow, list(split.prior_names))
@@ -124,6 +118,20 @@ def _calibrated_voice(
             split = dataclasses.replace(split, decoder=rewritten)
     calibrate(voice, calibration_threads)
     return voice, split
+
+
+def _cut(model: Path, config: Path, session: Session) -> tuple[StagedVoice, Stages[Any] | None]:
+    """The voice's graph cut into stages, and the voice running their sessions; where it
+    cannot be cut, the voice running the graph whole (and None)."""
+    try:
+        import onnx
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise _not_installed() from exc
+    split = split_graph(onnx.load(str(model)))
+    if split is None:
+        return _staged_voice(config, session(str(model)), None), None
+    stages = split.map(lambda part: session(part.SerializeToString()))
+    return _staged_voice(config, None, stages), split
 
 
 def _adopt_blocked_decoder(voice: StagedVoice, split: Stages[Any], session: Session) -> Any:
@@ -239,13 +247,8 @@ def _restored_voice(
 def _cut_again(model: Path, config: Path, session: Session, blocked: bool) -> StagedVoice | None:
     """The voice's graph cut as calibration cut it (its decoder rewritten where ``blocked``),
     for an entry stored without its stages' graphs (a voice that runs whole)."""
-    import onnx
-
-    split = split_graph(onnx.load(str(model)))
-    if split is None:
-        return _staged_voice(config, session(str(model)), None)
-    voice = _staged_voice(config, None, split.map(lambda part: session(part.SerializeToString())))
-    if blocked:
+    voice, split = _cut(model, config, session)
+    if split is not None and blocked:
         rewritten = blocked_decoder(split.decoder, split.latent_name)
         if rewritten is None:
             return None

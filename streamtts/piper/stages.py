@@ -311,8 +311,8 @@ class StagedVoice:
         return True
 
     def use_blocked_decoder(self, candidate: Any) -> None:
-        """Decode with ``candidate`` from now on, unchecked (it was checked when the voice's
-        calibration was found)."""
+        """Decode with ``candidate`` from now on (checked by :meth:`adopt_decoder`, or when the
+        stored calibration that names it was found)."""
         assert self._stages is not None
         self._stages = dataclasses.replace(self._stages, decoder=candidate)
         self.decodes_blocked = True
