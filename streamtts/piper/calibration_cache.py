@@ -13,12 +13,17 @@ or is not ours is calibrated again and replaced. The cache is only ever a shortc
 that cannot be written is logged once per voice and the voice is calibrated as before.
 
 An entry also holds the voice's graph as it runs — cut into stages, the flow into its links,
-the decoder rewritten (:mod:`streamtts.piper.load`) — so a start from it need not read, cut and
-rewrite the graph either (``onnx`` is not even imported): its sessions load those files.
+the decoder rewritten (:mod:`streamtts.piper.load`), each as ONNX Runtime optimized it — so a
+start from it need not read, cut, rewrite or optimize the graph either (``onnx`` is not even
+imported): its sessions load those files.
+
+Every change of code, library or CPU makes a new key; storing an entry removes older ones
+(:meth:`CalibrationCache.evict`), so the folder stays bounded across upgrades.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -28,6 +33,7 @@ import os
 import platform
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +43,15 @@ log = logging.getLogger(__name__)
 
 OFF = "off"
 # Bumped when what an entry holds changes meaning; part of every key.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Every key is new once the code, a library or the CPU changes, so older entries are removed
+# when one is stored: a voice keeps its most recently used entries (one per code version,
+# CPU or thread setting still in use, e.g. nodes of different CPUs sharing the folder), and an
+# entry not used for a month goes whatever its voice.
+ENTRIES_PER_VOICE = 3
+UNUSED_FOR_S = 30 * 24 * 3600.0
+# Parts' folders and partial files of no entry are another writer's until this old.
+ABANDONED_AFTER_S = 3600.0
 # The libraries whose kernels, graph tools or phonemizer shape what calibration finds.
 LIBRARIES = ("onnxruntime", "onnx", "piper-tts")
 _PIPER_PACKAGE_DIR = Path(__file__).resolve().parent
@@ -95,13 +109,19 @@ def cache_directory(setting: str) -> Path | None:
     return base / "streamtts" / "piper"
 
 
-def calibration_key(model: Path, config: Path, onnx_threads: int, blocked: bool) -> str:
-    """A digest of everything calibration depends on: the voice's model and config, how its
-    sessions run, this package's Piper code, the libraries' versions and the CPU."""
-    digest = hashlib.sha256(f"streamtts-piper-calibration {FORMAT_VERSION}\n".encode())
+def voice_digest(model: Path, config: Path) -> str:
+    """A digest of the voice's files (the same voice wherever its files lie)."""
+    digest = hashlib.sha256()
     for path in (model, config):
         _hash_file(digest, path)
-    digest.update(f"onnx_threads={onnx_threads} blocked={blocked}\n".encode())
+    return digest.hexdigest()
+
+
+def calibration_key(voice: str, onnx_threads: int, blocked: bool) -> str:
+    """A digest of everything calibration depends on: the voice (:func:`voice_digest`), how its
+    sessions run, this package's Piper code, the libraries' versions and the CPU."""
+    digest = hashlib.sha256(f"streamtts-piper-calibration {FORMAT_VERSION}\n".encode())
+    digest.update(f"voice={voice} onnx_threads={onnx_threads} blocked={blocked}\n".encode())
     for source in sorted(_PIPER_PACKAGE_DIR.glob("*.py")):
         digest.update(source.name.encode())
         _hash_file(digest, source)
@@ -159,15 +179,18 @@ class CalibrationCache:
             log.warning("Piper calibration cache: cannot read %s (%s); calibrating", path, exc)
             return None
         try:
-            return self._entry(key, json.loads(text))
+            entry = self._entry(key, json.loads(text))
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             log.warning("Piper calibration cache: %s is not usable (%s); calibrating", path, exc)
             return None
+        with contextlib.suppress(OSError):  # a read-only folder: the entry just looks older
+            os.utime(path)  # used now: kept before entries used less recently
+        return entry
 
     def _entry(self, key: str, data: object) -> StoredVoice:
         if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
             raise ValueError("not an entry of this format")
-        if set(data) != {"format", "calibration", "layout", "parts"}:
+        if set(data) != {"format", "voice", "calibration", "layout", "parts"}:
             raise ValueError(f"fields {sorted(data)}")
         calibration = Calibration.from_dict(data["calibration"])
         layout, parts = data["layout"], data["parts"]
@@ -186,11 +209,15 @@ class CalibrationCache:
         calibration: Calibration,
         layout: dict[str, Any] | None = None,
         parts: Mapping[str, bytes] | None = None,
+        *,
+        voice: str | None = None,
     ) -> None:
         """Write the entry: its parts' files (``parts``: file name -> bytes, described by
         ``layout``) into a folder of their own, then its JSON, atomically (a reader sees the
-        old entry or the new one, whole); older parts of the key are removed. A folder that
-        cannot be written is logged, never raised: the next start calibrates again."""
+        old entry or the new one, whole); older parts of the key are removed, and older
+        entries as :meth:`evict` says (``voice``: :func:`voice_digest`; None: an entry only
+        age removes). A folder that cannot be written is logged, never raised: the next start
+        calibrates again."""
         parts_dir: Path | None = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -200,6 +227,7 @@ class CalibrationCache:
                     (parts_dir / Path(name).name).write_bytes(content)
             entry = {
                 "format": FORMAT_VERSION,
+                "voice": voice,
                 "calibration": dataclasses.asdict(calibration),
                 "layout": layout if parts is not None else None,
                 "parts": None if parts_dir is None else parts_dir.name,
@@ -224,3 +252,47 @@ class CalibrationCache:
         for older in self.directory.glob(f"{key}.*"):
             if older.is_dir() and older != parts_dir:
                 shutil.rmtree(older, ignore_errors=True)
+        self.evict(key, voice)
+
+    def evict(self, key: str, voice: str | None, now_s: float | None = None) -> None:
+        """Remove, but for ``key``'s entry: the entries of ``voice`` beyond the
+        ``ENTRIES_PER_VOICE`` - 1 used most recently (a load marks an entry used), every
+        entry not used for ``UNUSED_FOR_S`` (one this code cannot read too), and parts'
+        folders and partial files of no entry once ``ABANDONED_AFTER_S`` old. Each entry's
+        JSON goes before its parts: a start reading it meanwhile calibrates, as without it.
+        Never raises (a file another process removed first is gone either way)."""
+        now_s = time.time() if now_s is None else now_s
+        used: dict[str, float] = {}  # key -> when its entry was last used
+        of_voice: list[str] = []
+        for path in self.directory.glob("*.json"):
+            other = path.name.removesuffix(".json")
+            if other == key or other.startswith("."):
+                continue
+            try:
+                used[other] = path.stat().st_mtime
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # unreadable: only its age counts
+            if voice is not None and isinstance(data, dict) and data.get("voice") == voice:
+                of_voice.append(other)
+        of_voice.sort(key=lambda k: used[k], reverse=True)
+        gone = set(of_voice[ENTRIES_PER_VOICE - 1 :])
+        gone |= {k for k, used_s in used.items() if now_s - used_s > UNUSED_FOR_S}
+        for other in sorted(gone):
+            with contextlib.suppress(OSError):
+                self._path(other).unlink()
+        kept = ({key} | used.keys()) - gone
+        for path in self.directory.iterdir():
+            owner = path.name.split(".", 1)[0]
+            if path.suffix == ".json" and not path.name.startswith("."):
+                continue
+            try:
+                abandoned = now_s - path.stat().st_mtime > ABANDONED_AFTER_S
+            except OSError:
+                continue
+            if owner in gone or (owner not in kept and abandoned):
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        path.unlink()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,13 @@ from streamtts.piper.calibration_cache import (
     StoredVoice,
     cache_directory,
     calibration_key,
+    voice_digest,
 )
+from streamtts.piper.chain import Link
 from streamtts.piper.engine import bundled_voice_paths
 from streamtts.piper.load import load_voice
 from streamtts.piper.settings import PiperSettings
-from streamtts.piper.stages import CALIBRATION_SENTENCES, StagedVoice, matches
+from streamtts.piper.stages import CALIBRATION_SENTENCES, StagedVoice, Stages, matches
 
 FOUND = Calibration(
     context_frames=12, flow_context_frames=32, flow_chained=True, decodes_blocked=True, gain=1.25
@@ -44,23 +48,25 @@ def test_the_key_changes_with_everything_calibration_depends_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, config = voice_files(tmp_path)
-    key = calibration_key(model, config, onnx_threads=1, blocked=True)
-    assert calibration_key(model, config, onnx_threads=1, blocked=True) == key
+    key = calibration_key(voice_digest(model, config), onnx_threads=1, blocked=True)
+    assert calibration_key(voice_digest(model, config), onnx_threads=1, blocked=True) == key
     other = tmp_path / "other"
     other.mkdir()
     same_files = voice_files(other)
-    assert calibration_key(*same_files, onnx_threads=1, blocked=True) == key  # content, not path
+    assert (
+        calibration_key(voice_digest(*same_files), onnx_threads=1, blocked=True) == key
+    )  # content, not path
     changed = {
-        "model": calibration_key(*voice_files(other, model=b"model2"), 1, True),
-        "config": calibration_key(*voice_files(other, config=b'{"a": 1}'), 1, True),
-        "threads": calibration_key(model, config, 2, True),
-        "blocked": calibration_key(model, config, 1, False),
+        "model": calibration_key(voice_digest(*voice_files(other, model=b"model2")), 1, True),
+        "config": calibration_key(voice_digest(*voice_files(other, config=b'{"a": 1}')), 1, True),
+        "threads": calibration_key(voice_digest(model, config), 2, True),
+        "blocked": calibration_key(voice_digest(model, config), 1, False),
     }
     monkeypatch.setattr(calibration_cache, "_cpu_identity", lambda: "another CPU")
-    changed["cpu"] = calibration_key(model, config, 1, True)
+    changed["cpu"] = calibration_key(voice_digest(model, config), 1, True)
     monkeypatch.undo()
     monkeypatch.setattr(calibration_cache, "_version", lambda library: "0.0.0")
-    changed["libraries"] = calibration_key(model, config, 1, True)
+    changed["libraries"] = calibration_key(voice_digest(model, config), 1, True)
     assert len({key, *changed.values()}) == 1 + len(changed), changed
 
 
@@ -70,9 +76,9 @@ def test_the_key_covers_the_piper_code(tmp_path: Path, monkeypatch: pytest.Monke
     package.mkdir()
     (package / "stages.py").write_text("# one version\n")
     monkeypatch.setattr(calibration_cache, "_PIPER_PACKAGE_DIR", package)
-    before = calibration_key(model, config, 1, True)
+    before = calibration_key(voice_digest(model, config), 1, True)
     (package / "stages.py").write_text("# another\n")
-    assert calibration_key(model, config, 1, True) != before
+    assert calibration_key(voice_digest(model, config), 1, True) != before
 
 
 def test_an_entry_round_trips(tmp_path: Path) -> None:
@@ -87,7 +93,13 @@ def test_an_entry_round_trips(tmp_path: Path) -> None:
 
 
 def good_entry() -> dict[str, Any]:
-    return {"format": 1, "calibration": dataclasses.asdict(FOUND), "layout": None, "parts": None}
+    return {
+        "format": 2,
+        "voice": None,
+        "calibration": dataclasses.asdict(FOUND),
+        "layout": None,
+        "parts": None,
+    }
 
 
 @pytest.mark.parametrize(
@@ -95,7 +107,7 @@ def good_entry() -> dict[str, Any]:
     [
         lambda e: "not json",
         lambda e: [],
-        lambda e: {**e, "format": 2},
+        lambda e: {**e, "format": 1},
         lambda e: {**e, "extra": 1},
         lambda e: {k: v for k, v in e.items() if k != "layout"},
         lambda e: {**e, "calibration": {**e["calibration"], "gain": 0}},
@@ -134,6 +146,69 @@ def test_an_entry_with_parts_replaces_the_older_parts(tmp_path: Path) -> None:
     assert not first.parts_dir.exists()
     assert sorted(p.name for p in second.parts_dir.iterdir()) == ["a.onnx", "b.onnx"]
     assert {p.name for p in tmp_path.iterdir()} == {"k.json", second.parts_dir.name}
+
+
+def aged(cache: CalibrationCache, key: str, seconds: float) -> None:
+    """Mark ``key``'s entry (and its parts) as last used ``seconds`` ago."""
+    when = time.time() - seconds
+    for path in cache.directory.glob(f"{key}.*"):
+        os.utime(path, (when, when))
+
+
+def test_a_voice_keeps_its_most_recently_used_entries(tmp_path: Path) -> None:
+    """A new key per code version, library or CPU: storing one removes the voice's entries
+    beyond the three used last (a load counts as a use), with their graphs; another voice's
+    entries stay."""
+    cache = CalibrationCache(tmp_path)
+    for key, age_h in [("v1", 30), ("v2", 20), ("v3", 10), ("amy", 40)]:
+        cache.store(key, FOUND, {}, {"a.onnx": b"graph"}, voice="amy" if key == "amy" else "joe")
+        aged(cache, key, 3600.0 * age_h)
+    assert cache.load("v1") is not None  # v1 used now: kept before v3 and v2
+    cache.store("v4", FOUND, {}, {"a.onnx": b"graph"}, voice="joe")
+    left = {p.name.split(".")[0] for p in tmp_path.iterdir()}
+    assert left == {"v4", "v3", "v1", "amy"}
+    for key in left:
+        entry = cache.load(key)
+        assert entry is not None and entry.parts_dir is not None
+        assert (entry.parts_dir / "a.onnx").read_bytes() == b"graph"
+    assert sum(p.is_dir() for p in tmp_path.iterdir()) == 4  # no parts without their entry
+
+
+def test_entries_unused_for_a_month_and_abandoned_parts_are_removed(tmp_path: Path) -> None:
+    """Whatever their voice, or if this code cannot read them; parts' folders and partial
+    files of no entry once an hour old (younger, they may be another start's being written)."""
+    cache = CalibrationCache(tmp_path)
+    cache.store("old", FOUND, voice="amy")
+    cache.store("recent", FOUND, voice="amy")
+    (tmp_path / "legacy.json").write_text('{"format": 1}')
+    (tmp_path / "broken.json").write_text("not json")
+    for name in ["orphan.abc", "fresh-orphan.abc"]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.onnx").write_bytes(b"graph")
+    (tmp_path / ".old.partial").write_text("")
+    month_s = 30 * 24 * 3600.0
+    aged(cache, "old", month_s + 60)
+    aged(cache, "recent", month_s - 3600)
+    aged(cache, "legacy", month_s + 60)
+    aged(cache, "broken", month_s + 60)
+    aged(cache, "orphan", 3601)
+    old_partial = time.time() - 3601
+    os.utime(tmp_path / ".old.partial", (old_partial, old_partial))
+    cache.store("new", FOUND, voice="joe")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "fresh-orphan.abc",
+        "new.json",
+        "recent.json",
+    ]
+
+
+def test_removing_what_another_start_removed_first_is_no_error(tmp_path: Path) -> None:
+    cache = CalibrationCache(tmp_path)
+    cache.store("old", FOUND, {}, {"a.onnx": b"graph"}, voice="joe")
+    aged(cache, "old", 31 * 24 * 3600.0)
+    shutil.rmtree(next(p for p in tmp_path.iterdir() if p.is_dir()))
+    cache.store("new", FOUND, voice="joe")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json"]
 
 
 def test_a_folder_that_cannot_be_written_is_logged_not_raised(
@@ -198,10 +273,13 @@ def test_a_first_load_stores_its_calibration_and_its_graphs(
     directory, found = stored
     assert found.calibration() == voice.calibration()
     model, config = bundled_voice_paths()
-    entry = CalibrationCache(directory).load(calibration_key(model, config, 1, True))
+    entry = CalibrationCache(directory).load(calibration_key(voice_digest(model, config), 1, True))
     assert entry is not None and entry.calibration == voice.calibration()
+    stored_json = json.loads((directory / f"{entry.parts_dir.name.split('.')[0]}.json").read_text())
+    assert stored_json["voice"] == voice_digest(model, config)
     assert entry.parts_dir is not None and entry.layout is not None
     assert len(entry.layout["links"]) == 4 and not entry.layout["flow"]
+    assert entry.layout["optimized"] is True  # as ONNX Runtime optimized them
     assert sorted(p.name for p in entry.parts_dir.iterdir()) == [
         "decoder.onnx",
         "front.onnx",
@@ -222,6 +300,62 @@ def test_a_load_from_the_cache_neither_cuts_nor_calibrates_and_makes_the_same_au
     assert same_audio(stored[1], restored)
 
 
+def test_a_load_from_the_cache_does_not_optimize_its_graphs_again(
+    stored: tuple[Path, StagedVoice], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored graphs are ONNX Runtime's optimized ones: their sessions skip its graph
+    optimizations (the same audio: the test above)."""
+    import onnxruntime
+
+    levels: list[Any] = []
+    made = onnxruntime.InferenceSession
+
+    def recording(source: Any, sess_options: Any = None, **kwargs: Any) -> Any:
+        levels.append(sess_options.graph_optimization_level)
+        return made(source, sess_options=sess_options, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", recording)
+    model, config = bundled_voice_paths()
+    load_voice(model, config, onnx_threads=1, cache=copied(stored, tmp_path))
+    assert levels == [onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL] * 6  # front, 4, decoder
+
+
+class Graph:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - onnx's name
+        return f"{self.name} as cut".encode()
+
+
+@pytest.mark.parametrize("blocked", [True, False])
+def test_the_graphs_stored_are_the_optimized_ones_of_the_stages_in_use(
+    blocked: bool, tmp_path: Path
+) -> None:
+    """The decoder in use (the rewritten one where it decodes blocked), the flow's links; all
+    as cut where ONNX Runtime kept any of them not."""
+    links = tuple(Link(Graph(f"link{i}"), "in", "out", 8) for i in range(2))
+    split = Stages(Graph("front"), Graph("flow"), Graph("decoder"), "z", ("m", "l"), False, links)
+    names = ["front.onnx", "decoder.onnx", "decoder.blocked.onnx", "link0.onnx", "link1.onnx"]
+    for name in names:
+        (tmp_path / name).write_bytes(f"{name} optimized".encode())
+    layout, parts = load._layout(split, True, blocked, tmp_path)
+    decoder = "decoder.blocked.onnx" if blocked else "decoder.onnx"
+    assert layout["optimized"] is True and not layout["flow"] and len(layout["links"]) == 2
+    assert parts == {
+        "front.onnx": b"front.onnx optimized",
+        "decoder.onnx": f"{decoder} optimized".encode(),
+        "link0.onnx": b"link0.onnx optimized",
+        "link1.onnx": b"link1.onnx optimized",
+    }
+    (tmp_path / "link1.onnx").unlink()
+    layout, parts = load._layout(split, True, blocked, tmp_path)
+    assert layout["optimized"] is False
+    assert parts["link1.onnx"] == b"link1 as cut" and parts["front.onnx"] == b"front as cut"
+    layout, parts = load._layout(split, False, blocked, tmp_path)  # the flow whole, as cut
+    assert layout["flow"] and layout["links"] == [] and parts["flow.onnx"] == b"flow as cut"
+
+
 def test_a_stored_calibration_without_graphs_cuts_the_graph_again(
     voice: StagedVoice, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -229,7 +363,7 @@ def test_a_stored_calibration_without_graphs_cuts_the_graph_again(
     cut and rewritten again, without calibrating or checking the rewrite."""
     model, config = bundled_voice_paths()
     cache = CalibrationCache(tmp_path)
-    cache.store(calibration_key(model, config, 1, True), voice.calibration())
+    cache.store(calibration_key(voice_digest(model, config), 1, True), voice.calibration())
     monkeypatch.setattr(load, "calibrate", refused)
     monkeypatch.setattr(StagedVoice, "adopt_decoder", refused)
     restored = load_voice(model, config, onnx_threads=1, cache=cache)
@@ -249,7 +383,7 @@ def test_a_stored_voice_that_does_not_hold_or_load_is_found_again_and_replaced(
     nothing were stored, and stores what it finds in its place."""
     model, config = bundled_voice_paths()
     cache = copied(stored, tmp_path)
-    key = calibration_key(model, config, 1, True)
+    key = calibration_key(voice_digest(model, config), 1, True)
     entry = cache.load(key)
     assert entry is not None and entry.parts_dir is not None
     if spoiled == "context":
