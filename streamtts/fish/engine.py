@@ -176,15 +176,39 @@ class FishEngine(Engine):
 
     async def _warm_up(self) -> None:
         """Run the real path once with one stream, then with every slot at once: the second
-        measures what a full batch costs, so admission knows the capacity from the start."""
+        measures what a full batch costs, so admission knows the capacity from the start. Not
+        where admission will keep to one stream whatever a batch costs (:meth:`_admits_one`):
+        there it is seconds of start-up (19 s of 37 on the 2-core dev machine, fp32) that
+        nothing would use."""
         options = SynthesisOptions(max_frames_per_segment=WARM_UP_FRAMES)
         for streams in sorted({1, self._settings.max_streams}):
+            if streams > 1 and self._admits_one():
+                log.info(
+                    "warm-up: one stream costs %.2f s of compute per second of audio, over the"
+                    " %.2f admission allows a second: a full batch is not measured",
+                    self._cost_of_one(),
+                    1 - self._scheduling.capacity_headroom,
+                )
+                return
             opened = [self.open_stream(DEFAULT_VOICE_ID, options) for _ in range(streams)]
             try:
                 await asyncio.gather(*(_drain(s.synthesize("Warming up.")) for s in opened))
             finally:
                 for stream in opened:
                     stream.close()
+
+    def _cost_of_one(self) -> float | None:
+        generator = self._ready().generator
+        with generator.cost_lock:
+            return generator.cost.cost(1)
+
+    def _admits_one(self) -> bool:
+        """Admission by capacity keeps to one stream at a time: one stream alone costs more
+        than it allows for streams at real time (``1 - capacity_headroom``), and a step of a
+        larger batch costs at least what a step of one does."""
+        cost = self._cost_of_one()
+        limit = 1 - self._scheduling.capacity_headroom
+        return self._scheduling.admit_by_capacity and cost is not None and cost > limit
 
     async def stop(self) -> None:
         if self._loaded is not None:

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from streamtts.engine.base import (
+    ClonedVoice,
+    EngineStream,
     InvalidOptionError,
     OverloadedError,
     SynthesisError,
@@ -27,7 +29,7 @@ from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.tokenizer import FishTokenizer
 from streamtts.models.fish.packed import is_packed, packs, packs_fp32
 from streamtts.options import OptionError
-from streamtts.scheduling import CostModel
+from streamtts.scheduling import CostModel, SchedulingSettings
 from tests.fish_fixture import (
     cached_index,
     entries,
@@ -201,6 +203,45 @@ async def test_the_automatic_first_chunk_follows_the_measured_cost(
     stream.close()
     assert chunks[0] == first_frames * FRAME_SAMPLES
     assert sum(chunks) == 36 * FRAME_SAMPLES
+
+
+@pytest.mark.parametrize(
+    ("cost_of_one", "admit_by_capacity", "full_batch_measured"),
+    [(0.5, True, True), (0.7, True, False), (0.7, False, True)],
+)
+async def test_the_warm_up_measures_a_full_batch_unless_admission_keeps_to_one_stream(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    cost_of_one: float,
+    admit_by_capacity: bool,
+    full_batch_measured: bool,
+) -> None:
+    """With the default headroom (0.4) admission allows a second stream only where one costs
+    at most 0.6 s per audio second; above that, and with admission by capacity, the full
+    batch's warm-up would be measured for nothing. The cost is set here (see above)."""
+    monkeypatch.setattr(CostModel, "cost", lambda _self, _batch: cost_of_one)
+    caplog.set_level(logging.INFO, logger="streamtts.fish.engine")
+    opened: list[str | ClonedVoice] = []
+    open_stream = FishEngine.open_stream
+
+    def counted(
+        self: FishEngine, voice: str | ClonedVoice, options: SynthesisOptions
+    ) -> EngineStream:
+        opened.append(voice)
+        return open_stream(self, voice, options)
+
+    monkeypatch.setattr(FishEngine, "open_stream", counted)
+    scheduling = SchedulingSettings(admit_by_capacity=admit_by_capacity)
+    engine = FishEngine("synthetic:tiny", FishSettings(max_streams=2), scheduling)
+    await engine.start()
+    try:
+        # One stream, then both slots at once (whose steps are not all of two streams: they
+        # start out of step while one prefills).
+        assert len(opened) == (3 if full_batch_measured else 1)
+        assert ("a full batch is not measured" in caplog.text) != full_batch_measured
+        await says_two_words(engine)
+    finally:
+        await engine.stop()
 
 
 async def test_options_fish_cannot_honour_are_refused_at_open(engine: FishEngine) -> None:
