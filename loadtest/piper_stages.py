@@ -4,13 +4,14 @@
 
 Loads the voice twice, once with its decoder as exported and once rewritten for ONNX Runtime's
 blocked convolution kernels (``streamtts.piper.blocked``), on one intra-op thread each (the
-engine's default), and times, for each sentence of the load test's paragraphs: the front stage
-(phonemes to the flow's prior), the whole sentence's audio (flow and decoder), its first window
-(the engine's ``HEAD_FRAMES`` with their context) and the sentence made as the engine makes a
-listener's first one (that window, then the rest: ``split``), with each voice, in rounds that
-alternate which voice goes first. Prints each round and the medians, as compute seconds per
-audio second and as the ratio exported/blocked measured in the same rounds; JSON to stdout
-(and ``--json``). In process, no server.
+engine's default; from the server's calibration cache where stored there), and times, for
+each sentence of the load test's paragraphs: the front stage (phonemes to the flow's prior),
+the whole sentence's audio (flow and decoder), its first window (the engine's ``HEAD_FRAMES``
+with their context) and the sentence made as the engine makes a listener's first one (that
+window, then the rest: ``split``), with each voice, in rounds that alternate which voice goes
+first. Prints each round and the medians, as compute seconds per audio second and as the ratio
+exported/blocked measured in the same rounds; JSON to stdout (and ``--json``). In process, no
+server.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from loadtest import print_result
 from loadtest.__main__ import TEXTS
+from streamtts.config import Settings
 from streamtts.piper.engine import HEAD_FRAMES, bundled_voice_paths
 from streamtts.piper.load import load_voice
 from streamtts.piper.stages import Sentence, StagedVoice
@@ -111,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1")
     model, config = bundled_voice_paths()
     print("loading the voice twice (exported and blocked decoder)...", file=sys.stderr)
+    cache = Settings.from_env().piper.calibration_cache()  # the server's, as it runs the voice
     voices = {
-        "exported": load_voice(model, config, onnx_threads=1, blocked=False),
-        "blocked": load_voice(model, config, onnx_threads=1, blocked=True),
+        "exported": load_voice(model, config, onnx_threads=1, blocked=False, cache=cache),
+        "blocked": load_voice(model, config, onnx_threads=1, blocked=True, cache=cache),
     }
     if not voices["blocked"].decodes_blocked:
         print("the blocked decoder was not adopted on this machine", file=sys.stderr)

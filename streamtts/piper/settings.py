@@ -17,7 +17,7 @@ class PiperSettings:
     # A segment is cut into jobs of at most this many characters, at clause boundaries.
     piper_max_job_chars: int = 100
     # Where a voice's calibration and its graph as it runs are kept between starts (a later
-    # start takes ~4 s less); "": $XDG_CACHE_HOME/streamtts/piper, else ~/.cache/streamtts/piper;
+    # start takes ~5 s less); "": $XDG_CACHE_HOME/streamtts/piper, else ~/.cache/streamtts/piper;
     # "off": none.
     piper_calibration_cache: str = ""
 
