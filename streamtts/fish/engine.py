@@ -176,10 +176,11 @@ class FishEngine(Engine):
 
     async def _warm_up(self) -> None:
         """Run the real path once with one stream, then with every slot at once: the second
-        measures what a full batch costs, so admission knows the capacity from the start. Not
-        where admission will keep to one stream whatever a batch costs (:meth:`_admits_one`):
-        there it is seconds of start-up (19 s of 37 on the 2-core dev machine, fp32) that
-        nothing would use."""
+        measures what larger batches cost (up to the full one; the streams start out of step
+        while others prefill, so not always all of them together), so admission knows the
+        capacity from the start. Not where admission will keep to one stream whatever a batch
+        costs (:meth:`_admits_one`): there it is seconds of start-up (19 s of 37 on the 2-core
+        dev machine, fp32) that nothing would use."""
         options = SynthesisOptions(max_frames_per_segment=WARM_UP_FRAMES)
         for streams in sorted({1, self._settings.max_streams}):
             if streams > 1 and self._admits_one():

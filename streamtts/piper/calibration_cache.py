@@ -254,14 +254,20 @@ class CalibrationCache:
                 shutil.rmtree(older, ignore_errors=True)
         self.evict(key, voice)
 
-    def evict(self, key: str, voice: str | None, now_s: float | None = None) -> None:
+    def evict(self, key: str, voice: str | None) -> None:
         """Remove, but for ``key``'s entry: the entries of ``voice`` beyond the
         ``ENTRIES_PER_VOICE`` - 1 used most recently (a load marks an entry used), every
         entry not used for ``UNUSED_FOR_S`` (one this code cannot read too), and parts'
         folders and partial files of no entry once ``ABANDONED_AFTER_S`` old. Each entry's
         JSON goes before its parts: a start reading it meanwhile calibrates, as without it.
-        Never raises (a file another process removed first is gone either way)."""
-        now_s = time.time() if now_s is None else now_s
+        Never raises (a file another process removed first is gone either way; a folder that
+        cannot be listed is logged)."""
+        try:
+            self._evict(key, voice, time.time())
+        except OSError as exc:
+            log.warning("Piper calibration cache: cannot clean %s (%s)", self.directory, exc)
+
+    def _evict(self, key: str, voice: str | None, now_s: float) -> None:
         used: dict[str, float] = {}  # key -> when its entry was last used
         of_voice: list[str] = []
         for path in self.directory.glob("*.json"):

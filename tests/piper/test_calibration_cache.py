@@ -211,6 +211,14 @@ def test_removing_what_another_start_removed_first_is_no_error(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json"]
 
 
+def test_a_folder_that_cannot_be_listed_is_logged_not_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=calibration_cache.__name__):
+        CalibrationCache(tmp_path / "gone").evict("k", "joe")
+    assert "cannot clean" in caplog.text
+
+
 def test_a_folder_that_cannot_be_written_is_logged_not_raised(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
