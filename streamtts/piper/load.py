@@ -8,11 +8,12 @@ the voice is used.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,29 +57,41 @@ def load_voice(
     earlier start where that is stored and holds here, else stored once found."""
     if not model.is_file():
         raise FileNotFoundError(f"Piper voice not found: {model}")
-    digest = None if cache is None else voice_digest(model, config)
-    key = None if digest is None else calibration_key(digest, onnx_threads, blocked)
-    stored = None if cache is None or key is None else cache.load(key)
+    if cache is None:
+        return _calibrated_voice(model, config, onnx_threads, blocked, calibration_threads)[0]
+    digest = voice_digest(model, config)
+    key = calibration_key(digest, onnx_threads, blocked)
+    stored = cache.load(key)
     if stored is not None:
         voice = _restored_voice(model, config, onnx_threads, stored)
         if voice is not None:
             log.info("Piper voice %s: its calibration read from the cache", model.name)
             return voice
         log.warning("Piper voice %s: its stored calibration does not hold; calibrating", model)
-    if cache is None or key is None:
-        return _calibrated_voice(model, config, onnx_threads, blocked, calibration_threads)[0]
-    with tempfile.TemporaryDirectory(prefix="streamtts-piper-") as optimized:
+    with _scratch_folder() as optimized:
         voice, parts = _calibrated_voice(
-            model, config, onnx_threads, blocked, calibration_threads, Path(optimized)
+            model, config, onnx_threads, blocked, calibration_threads, optimized
         )
         if parts is None:
             cache.store(key, voice.calibration(), voice=digest)
         else:
-            layout, graphs = _layout(
-                parts, voice.flow_chained, voice.decodes_blocked, Path(optimized)
-            )
+            layout, graphs = _layout(parts, voice.flow_chained, voice.decodes_blocked, optimized)
             cache.store(key, voice.calibration(), layout, graphs, voice=digest)
     return voice
+
+
+@contextlib.contextmanager
+def _scratch_folder() -> Iterator[Path | None]:
+    """A temporary folder for the sessions' optimized graphs; None where none can be made (the
+    graphs are then stored as cut: the cache is only a shortcut)."""
+    try:
+        scratch = tempfile.TemporaryDirectory(prefix="streamtts-piper-")
+    except OSError as exc:
+        log.warning("Piper voice: no temporary folder (%s); its graphs are stored as cut", exc)
+        yield None
+        return
+    with scratch as name:
+        yield Path(name)
 
 
 def _not_installed() -> PiperNotInstalledError:
@@ -99,17 +112,28 @@ def _session_maker(
     onnxruntime.set_seed(NOISE_SEED)
 
     def session(source: str | bytes, name: str | None = None) -> Any:
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = onnx_threads
-        options.inter_op_num_threads = 1
-        if optimized:
-            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
         if optimized_to is not None and name is not None:
-            options.optimized_model_filepath = str(optimized_to / name)
+            keep = options()
+            keep.optimized_model_filepath = str(optimized_to / name)
             # It warns that the blocked layout suits only this CPU: the cache's key has the CPU.
-            options.log_severity_level = 3
+            keep.log_severity_level = 3
+            try:
+                return make(source, keep)
+            except Exception:  # e.g. a full disk: the graph is then stored as cut
+                log.warning("Piper voice: its %s could not be kept optimized", name, exc_info=True)
+        return make(source, options())
+
+    def options() -> Any:
+        made = onnxruntime.SessionOptions()
+        made.intra_op_num_threads = onnx_threads
+        made.inter_op_num_threads = 1
+        if optimized:
+            made.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return made
+
+    def make(source: str | bytes, session_options: Any) -> Any:
         return onnxruntime.InferenceSession(
-            source, sess_options=options, providers=["CPUExecutionProvider"]
+            source, sess_options=session_options, providers=["CPUExecutionProvider"]
         )
 
     return session
@@ -205,17 +229,19 @@ def _part_files(split: Stages[Any], chained: bool) -> dict[str, Any]:
 
 
 def _layout(
-    split: Stages[Any], chained: bool, decodes_blocked: bool, optimized: Path
+    split: Stages[Any], chained: bool, decodes_blocked: bool, optimized: Path | None
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(layout, parts) to store: the stages' graphs a voice runs (as ONNX Runtime optimized
-    them, kept in ``optimized`` as their sessions were made; as cut where any is missing) and
-    what joins them. ``split``'s decoder is the one in use (rewritten where it
-    ``decodes_blocked``)."""
+    them, kept in ``optimized`` as their sessions were made; as cut where there is no such
+    folder or any is missing) and what joins them. ``split``'s decoder is the one in use
+    (rewritten where it ``decodes_blocked``)."""
     graphs = _part_files(split, chained)
-    files = {name: optimized / name for name in graphs}
-    if decodes_blocked:
-        files["decoder.onnx"] = optimized / _BLOCKED_DECODER
-    stored_optimized = all(path.is_file() for path in files.values())
+    files: dict[str, Path] = {}
+    if optimized is not None:
+        files = {name: optimized / name for name in graphs}
+        if decodes_blocked:
+            files["decoder.onnx"] = optimized / _BLOCKED_DECODER
+    stored_optimized = bool(files) and all(path.is_file() for path in files.values())
     if stored_optimized:
         parts = {name: path.read_bytes() for name, path in files.items()}
     else:

@@ -362,6 +362,26 @@ def test_the_graphs_stored_are_the_optimized_ones_of_the_stages_in_use(
     assert parts["link1.onnx"] == b"link1 as cut" and parts["front.onnx"] == b"front as cut"
     layout, parts = load._layout(split, False, blocked, tmp_path)  # the flow whole, as cut
     assert layout["flow"] and layout["links"] == [] and parts["flow.onnx"] == b"flow as cut"
+    layout, parts = load._layout(split, True, blocked, None)  # no folder: all as cut
+    assert layout["optimized"] is False and parts["front.onnx"] == b"front as cut"
+
+
+def test_a_graph_that_cannot_be_kept_optimized_still_runs(
+    stored: tuple[Path, StagedVoice], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cache is only a shortcut: where the optimized graph cannot be written (here its
+    folder is missing; a full disk), the session is made without keeping it."""
+    entry = CalibrationCache(stored[0]).load(next(stored[0].glob("*.json")).stem)
+    assert entry is not None and entry.parts_dir is not None
+    graph = str(entry.parts_dir / "link0.onnx")
+    session = load._session_maker(1, optimized_to=tmp_path / "missing")
+    with caplog.at_level(logging.WARNING, logger=load.__name__):
+        made = session(graph, "link0.onnx")
+    assert "could not be kept optimized" in caplog.text
+    assert [i.name for i in made.get_inputs()] == [
+        i.name for i in load._session_maker(1)(graph, None).get_inputs()
+    ]
+    assert not (tmp_path / "missing").exists()
 
 
 def test_a_stored_calibration_without_graphs_cuts_the_graph_again(
