@@ -369,6 +369,8 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "load_s": round(load_s, 1),
         "compile_s": round(sum(info["compile_s"].values()), 1),
+        # Graphs compiled but timed no faster than eager at start, so run eager.
+        "compiled_but_eager": info["compiled_but_eager"],
     }
     result.update(await engine.profile(lambda passes: measure_stages(passes, options)))
     progress("  end to end ...")

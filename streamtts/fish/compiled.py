@@ -6,8 +6,11 @@ once per batch bucket (1, 2, 4, 8, ... up to the slots) and the batch is padded 
 bucket; on CUDA with ``mode="reduce-overhead"``, so each bucket replays as a CUDA graph.
 Its random draws come in as an input (drawn eagerly before the step), so a compiled graph
 samples with the same noise as eager code would: a seeded stream is reproducible compiled too.
-It is not compiled where the model computes in fp32 on the CPU with packed layers (``auto`` on
-a CPU without native bf16): the eager pass measured faster there (:func:`compiles_codebook_pass`).
+Where the model computes in fp32 on the CPU with packed layers (``auto`` on a CPU without
+native bf16) the graph keeps those layers as opaque calls (``streamtts::packed_linear``) and
+fuses the small ops around them. Whether that pays depends on the CPU (a Zen 3: no faster; an
+AVX-512 Xeon: 1.1-1.2x), so there each bucket's graph is timed against the eager pass once
+compiled, and a bucket whose graph is not faster stays eager (:attr:`CompiledFastCodes.eager`).
 
 The slow transformer's step is compiled too where that measured faster: int8 weights on the
 CPU (19.0 -> 16.8 ms per step on the dev CPU; a packed bf16 step is faster eager, 20.9 ms,
@@ -16,17 +19,18 @@ shapes: one graph for batch 1 and one for any larger batch. Its activations are 
 where eager rounds them to bf16 between kernels, so its logits differ from eager's by about
 what bf16 rounding does.
 
-Graphs of an int8 model are cached on disk (inductor's FX graph cache and AOTAutograd's cache,
-under ``TORCHINDUCTOR_CACHE_DIR``), so a later start rebuilds them in seconds. Graphs of a bf16
-model are compiled with freezing (weights become constants; on the CPU inductor packs them for
-oneDNN, which is what makes the compiled codebook pass pay there). AOTAutograd does not cache
-frozen graphs, nor inductor ones holding packed weights: on the CPU they compile anew at every
-start. Figures: docs/operations.md, "Performance".
+Graphs of an int8 or a packed fp32 model are cached on disk (inductor's FX graph cache and
+AOTAutograd's cache, under ``TORCHINDUCTOR_CACHE_DIR``), so a later start rebuilds them in
+seconds. Graphs of a bf16 model are compiled with freezing (weights become constants; on the
+CPU inductor packs them for oneDNN, which is what makes the compiled codebook pass pay there).
+AOTAutograd does not cache frozen graphs, nor inductor ones holding weights it packed: on the
+CPU they compile anew at every start. Figures: docs/operations.md, "Performance".
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,17 +45,8 @@ from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
 from streamtts.models.fish.packed import is_packed
 
 log = logging.getLogger(__name__)
-
-
-def compiles_codebook_pass(model: DualARTransformer) -> bool:
-    """Whether ``compile`` covers the codebook pass: everywhere but where its layers were packed
-    for the eager pass, which :func:`streamtts.fish.load.prepare_llm` does under ``compile``
-    only for a model computing in fp32 on the CPU (``auto`` on a CPU without native bf16).
-    There the packed eager pass measured faster than a compiled one, whose frozen graphs also
-    hold their own copy of the weights (Zen 3, ``synthetic:1.5``, batch 1, two rounds: 103 and
-    107 ms a pass against 167 and 168 compiled, 4.3 and 4.1 frames/s end to end against 3.9
-    and 3.6, peak memory 4.3 GB against 6.4)."""
-    return not is_packed(model.fast_layers)
+# Alternating passes each of a compiled graph and the eager pass, where they are timed.
+TIMING_ROUNDS = 7
 
 
 def compiles_slow_step(model: DualARTransformer) -> bool:
@@ -70,10 +65,15 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 
 class CompiledFastCodes:
-    """A drop-in for :func:`fast_codes` that runs a compiled graph per batch bucket."""
+    """A drop-in for :func:`fast_codes` that runs a compiled graph per batch bucket.
 
-    def __init__(self, max_batch: int, device: torch.device) -> None:
+    With ``timed``, :meth:`warm_up` times each bucket's graph against the eager pass, and
+    buckets whose graph is not faster run eager from then on.
+    """
+
+    def __init__(self, max_batch: int, device: torch.device, timed: bool = False) -> None:
         self.buckets = batch_buckets(max_batch)
+        self.timed = timed
         # On CUDA each bucket's graph is captured and replayed as a CUDA graph: one launch per
         # frame's codebook pass instead of hundreds of kernel launches.
         mode = "reduce-overhead" if device.type == "cuda" else None
@@ -81,6 +81,12 @@ class CompiledFastCodes:
             fast_codes, dynamic=False, mode=mode
         )
         self.compile_s: dict[str, float] = {}
+        self.pass_ms: dict[int, tuple[float, float]] = {}  # bucket -> (compiled, eager), timed
+        self.eager: set[int] = set()  # buckets whose compiled graph measured no faster
+
+    @property
+    def compiled_buckets(self) -> list[int]:
+        return [b for b in self.buckets if b not in self.eager]
 
     def __call__(
         self,
@@ -94,13 +100,14 @@ class CompiledFastCodes:
     ) -> torch.Tensor:
         b = hidden.shape[0]
         bucket = next((x for x in self.buckets if x >= b), None)
-        if bucket is None:
+        if bucket is None or bucket in self.eager:
             return fast_codes(model, cache, hidden, code0, sampling, windows, noise)
         args = _pad_rows(bucket, hidden, code0, sampling, windows, noise)
         return self._compiled(model, cache, *args)[:b]  # [B, C-1]
 
     def warm_up(self, model: DualARTransformer, cache: KVCache) -> None:
-        """Compile every bucket now (reported in the log), not on the first request."""
+        """Compile every bucket now (reported in the log), not on the first request; with
+        ``timed``, keep each bucket's graph only if it beats the eager pass."""
         device = model.device
         if device.type == "cuda":
             # The pass writes the fast KV cache in place; a CUDA graph may mutate an input only
@@ -108,17 +115,62 @@ class CompiledFastCodes:
             for tensor in (cache.fast_k, cache.fast_v):
                 torch._dynamo.mark_static_address(tensor)
         for bucket in self.buckets:
-            hidden = torch.zeros(bucket, model.config.dim, dtype=model.dtype, device=device)
-            code0 = torch.zeros(bucket, dtype=torch.long, device=device)
-            rows = model.config.num_codebooks + 1
-            windows = torch.zeros(bucket, rows, 16, dtype=torch.long, device=device)
-            sampling = BatchSampling.from_params([SamplingParams()] * bucket, device)
-            noise = frame_noise(model, bucket).fast
+            args = _sample_inputs(model, bucket)
             started_s = time.perf_counter()
             with compile_settings(model):
-                self(model, cache, hidden, code0, sampling, windows, noise)
+                self(model, cache, *args)
             elapsed_s = self.compile_s[f"codebook_b{bucket}"] = time.perf_counter() - started_s
             log.info("compiled the codebook pass for batch %d in %.1f s", bucket, elapsed_s)
+            if self.timed:
+                self._keep_if_faster(model, cache, bucket, args)
+
+    def _keep_if_faster(
+        self, model: DualARTransformer, cache: KVCache, bucket: int, args: tuple[Any, ...]
+    ) -> None:
+        compiled_ms, eager_ms = compare_ms(
+            lambda: self._compiled(model, cache, *args),
+            lambda: fast_codes(model, cache, *args),
+        )
+        self.pass_ms[bucket] = (compiled_ms, eager_ms)
+        kept = compiled_ms < eager_ms
+        if not kept:
+            self.eager.add(bucket)
+        log.info(
+            "codebook pass for batch %d: %.1f ms compiled, %.1f ms eager: %s",
+            bucket,
+            compiled_ms,
+            eager_ms,
+            "compiled" if kept else "stays eager",
+        )
+
+
+def _sample_inputs(model: DualARTransformer, batch: int) -> tuple[Any, ...]:
+    """Inputs of one codebook pass for ``batch`` rows, drawn like a step's (timing depends on
+    them: top-p keeps more tokens of flat logits)."""
+    device = model.device
+    gen = torch.Generator(device).manual_seed(batch)
+    hidden = torch.randn(batch, model.config.dim, generator=gen, device=device)
+    code0 = torch.randint(0, model.config.codebook_size, (batch,), generator=gen, device=device)
+    rows = model.config.num_codebooks + 1
+    windows = torch.zeros(batch, rows, 16, dtype=torch.long, device=device)
+    sampling = BatchSampling.from_params([SamplingParams()] * batch, device)
+    noise = frame_noise(model, batch, [gen] * batch).fast
+    return hidden.to(model.dtype), code0, sampling, windows, noise
+
+
+def compare_ms(
+    first: Callable[[], object], second: Callable[[], object], rounds: int = TIMING_ROUNDS
+) -> tuple[float, float]:
+    """Median milliseconds of ``first()`` and ``second()``, run alternately (CPU: no device
+    synchronisation), so a drift of the machine's speed weighs on both alike."""
+    first(), second()  # warm: first runs allocate
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for fn, out in ((first, times[0]), (second, times[1])):
+            started_s = time.perf_counter()
+            fn()
+            out.append(1000 * (time.perf_counter() - started_s))
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def compile_slow_step(
@@ -153,8 +205,10 @@ def freezes_weights(model: DualARTransformer) -> bool:
     It pays for bf16 weights (the CPU codebook pass: 38 -> 23 ms per frame) but makes graphs
     uncacheable across starts; int8 layers gain nothing from it (a slow step takes 17.2 ms
     either way), so their graphs stay cacheable (warm start 21 -> 7 s for the slow step).
+    Nor is a pass whose layers are packed already (fp32, :mod:`streamtts.models.fish.packed`):
+    its graphs call them as they are, hold no copy of the weights, and are cacheable.
     """
-    return not is_int8(model)
+    return not is_int8(model) and not is_packed(model.fast_layers)
 
 
 @contextmanager

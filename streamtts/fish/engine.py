@@ -284,6 +284,7 @@ class FishEngine(Engine):
                 "max_streams": loaded.generator.capacity,
                 "frame_s": loaded.frame_s,
                 "compile_s": dict(loaded.generator.compile_s),
+                "compiled_but_eager": list(loaded.generator.eager_graphs),
             }
         return info
 

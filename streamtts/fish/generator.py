@@ -28,7 +28,6 @@ from streamtts.engine.worker import OnFatal, Worker, each_alone
 from streamtts.fish.compiled import (
     CompiledFastCodes,
     compile_slow_step,
-    compiles_codebook_pass,
     compiles_slow_step,
 )
 from streamtts.fish.devices import DeviceContext, fulfil
@@ -49,6 +48,7 @@ from streamtts.models.fish.llm.generate import (
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.sampling import BatchSampling
+from streamtts.models.fish.packed import is_packed
 from streamtts.scheduling import CostModel, RunningMean, SchedulingSettings
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,7 @@ class GeneratorWorker(Worker[_Command]):
         self._fast: FastCodes = fast_codes
         self._slow: SlowStep = slow_step
         self.compile_s: dict[str, float] = {}  # seconds per compiled graph
+        self.eager_graphs: list[str] = []  # compiled, but measured no faster than eager
         # Test seam: called with each job before its work in an iteration; may raise.
         self.before_job_work: JobHook | None = None
 
@@ -229,20 +230,21 @@ class GeneratorWorker(Worker[_Command]):
             job.on_error(exc)
 
     def _compile(self) -> None:
-        if compiles_codebook_pass(self._model):
-            fast = CompiledFastCodes(self.capacity, self._model.device)
-            fast.warm_up(self._model, self._cache)
-            self.compile_s = dict(fast.compile_s)
+        model = self._model
+        fast = CompiledFastCodes(self.capacity, model.device, timed=is_packed(model.fast_layers))
+        fast.warm_up(model, self._cache)
+        self.compile_s = dict(fast.compile_s)
+        self.eager_graphs = [f"codebook_b{bucket}" for bucket in sorted(fast.eager)]
+        if fast.compiled_buckets:
             self._fast = fast
-        if compiles_slow_step(self._model):
-            self._slow, slow_s = compile_slow_step(self._model, self._cache, self.capacity)
-            self.compile_s.update(slow_s)
-        if not self.compile_s:
+        else:
             log.warning(
-                "compile: nothing compiled: in fp32 on the CPU (dtype auto where the CPU has no "
-                "native bf16) the packed eager decode step is faster than a compiled one; "
-                "dtype int8 compiles (docs/operations.md, Choosing)"
+                "compile: the codebook pass stays eager: on this CPU its compiled graphs "
+                "measured no faster than the packed eager pass (docs/operations.md, Choosing)"
             )
+        if compiles_slow_step(model):
+            self._slow, slow_s = compile_slow_step(model, self._cache, self.capacity)
+            self.compile_s.update(slow_s)
 
     def _prefill_prefix(self) -> None:
         """The default voice's prefix, prefilled through slot 0 (free until a stream takes it)."""

@@ -77,8 +77,8 @@ def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
     """Ready the weights for the dtype setting: int8 layers, or oneDNN-packed layers on the
     CPU — bf16 where it has the kernels, and the fp32 that ``auto`` picks where it has not
     (explicit ``fp32`` stays on upstream's kernels: the parity mode). A compiled codebook
-    pass packs its own, by inductor freezing, except in fp32, where the packed eager pass is
-    faster and stays (:func:`streamtts.fish.compiled.compiles_codebook_pass`)."""
+    pass packs its own, by inductor freezing, except in fp32, where it is compiled around the
+    layers packed here (:mod:`streamtts.fish.compiled`)."""
     if settings.dtype == INT8:
         fuse_gate_up_(model)
         quantize_int8_(model)

@@ -1,10 +1,11 @@
 """Compiled decode steps: the slow step (int8 on the CPU) gives the eager step's results,
 written where eager writes them and nothing else in the cache touched; int8 graphs are cached
-across starts; the codebook pass pads a batch to its bucket, and is compiled everywhere but
-where its fp32 layers are packed."""
+across starts; the codebook pass pads a batch to its bucket, is compiled around layers packed
+in fp32 (calling them as they are), and where timed keeps a bucket's graph only if faster."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,10 @@ import torch
 from torch._dynamo.utils import counters
 
 from streamtts.fish.compiled import (
+    TIMING_ROUNDS,
     CompiledFastCodes,
     batch_buckets,
     compile_slow_step,
-    compiles_codebook_pass,
     compiles_slow_step,
     freezes_weights,
 )
@@ -27,8 +28,8 @@ from streamtts.fish.spec import FishSpec
 from streamtts.models.fish.llm.generate import fast_codes, frame_noise, slow_step
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache, fuse_gate_up_
 from streamtts.models.fish.llm.quantize import quantize_int8_
-from streamtts.models.fish.llm.sampling import BatchSampling
-from streamtts.models.fish.packed import is_packed
+from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
+from streamtts.models.fish.packed import PackedLinear, is_packed
 
 TINY = FishSpec("synthetic:tiny", synthetic_size="tiny")
 # These compile an int8 model computing in bf16, as a CPU with native bf16 runs it. Where bf16 is
@@ -125,28 +126,79 @@ def test_int8_graphs_are_cached_across_starts(
 
 
 @pytest.mark.parametrize(
-    ("dtype", "setting", "compiled"),
+    ("dtype", "setting", "packed", "frozen"),
     [
-        # auto computing in fp32 (a CPU without native bf16): packed, and left eager.
-        (torch.float32, "auto", False),
-        (torch.float32, "fp32", True),  # the parity mode packs nothing: compiled
-        (torch.float32, "int8", True),
-        (torch.bfloat16, "auto", True),  # packed eager where the CPU has bf16, not under compile
+        # auto computing in fp32 (a CPU without native bf16): packed, compiled around them.
+        (torch.float32, "auto", True, False),
+        (torch.float32, "fp32", False, True),  # the parity mode packs nothing: inductor does
+        (torch.float32, "int8", False, False),
+        (torch.bfloat16, "auto", False, True),  # bf16 under compile: packed by freezing
     ],
 )
-def test_compile_covers_the_codebook_pass_except_packed_fp32(
-    dtype: torch.dtype, setting: str, compiled: bool
+def test_compile_packs_the_codebook_pass_eagerly_only_in_fp32(
+    dtype: torch.dtype, setting: str, packed: bool, frozen: bool
 ) -> None:
     model = load_fish_bundle(TINY, torch.device("cpu"), dtype).llm.model
     prepare_llm(model, FishSettings(dtype=setting, compile=True))
-    assert compiles_codebook_pass(model) is compiled
-    if not compiled:
-        assert is_packed(model.fast_layers)
+    assert is_packed(model.fast_layers) is packed
+    assert freezes_weights(model) is frozen
 
 
-def test_bf16_graphs_are_frozen() -> None:
-    model = load_fish_bundle(TINY, torch.device("cpu"), torch.bfloat16).llm.model
-    assert freezes_weights(model)
+def test_a_packed_layer_compiles_as_the_same_kernel_call() -> None:
+    """Inductor lowers oneDNN's linear only for weights it packed itself; a packed layer is an
+    opaque op in a graph, which gives eager's result bit for bit."""
+    gen = torch.Generator().manual_seed(4)
+    layer = PackedLinear(torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen))
+    x = torch.randn(3, 32, generator=gen)
+
+    def around(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(layer(x * 2.0)) + 1.0
+
+    with torch.inference_mode():
+        want = around(x)
+        torch._dynamo.reset()
+        got = torch.compile(around)(x)
+    torch._dynamo.reset()
+    assert torch.equal(got, want)
+
+
+def tiny_codebook_inputs(model: DualARTransformer, batch: int) -> tuple[Any, ...]:
+    gen = torch.Generator().manual_seed(batch)
+    hidden = torch.randn(batch, model.config.dim, generator=gen)
+    code0 = torch.randint(0, model.config.codebook_size, (batch,), generator=gen)
+    sampling = BatchSampling.from_params([SamplingParams()] * batch)
+    windows = torch.zeros(batch, model.config.num_codebooks + 1, 16, dtype=torch.long)
+    return hidden, code0, sampling, windows, frame_noise(model, batch).fast
+
+
+@pytest.mark.parametrize("graph_faster", [True, False])
+def test_a_timed_bucket_keeps_its_graph_only_if_faster(graph_faster: bool) -> None:
+    """A timed warm-up runs each bucket's graph against the eager pass, alternately, and
+    routes a bucket to whichever was faster (stand-ins for the graphs: instant, or slower)."""
+    model = load_fish_bundle(TINY, torch.device("cpu"), torch.float32).llm.model
+    cache = model.allocate_cache(2, 64)
+    codes = CompiledFastCodes(max_batch=2, device=model.device, timed=True)
+    graph_calls: list[int] = []
+
+    def graph(model: DualARTransformer, cache: KVCache, *args: Any) -> torch.Tensor:
+        graph_calls.append(int(args[0].shape[0]))
+        if graph_faster:
+            return torch.zeros(args[0].shape[0], model.config.num_codebooks - 1, dtype=torch.long)
+        time.sleep(0.05)
+        return fast_codes(model, cache, *args)
+
+    codes._compiled = graph
+    with torch.inference_mode():
+        codes.warm_up(model, cache)
+        assert sorted(codes.pass_ms) == [1, 2]
+        for compiled_ms, eager_ms in codes.pass_ms.values():
+            assert (compiled_ms < eager_ms) is graph_faster
+        assert codes.compiled_buckets == ([1, 2] if graph_faster else [])
+        assert codes.eager == (set() if graph_faster else {1, 2})
+        timed_calls = len(graph_calls)
+        assert timed_calls >= 2 * TIMING_ROUNDS  # every bucket: warm-up, warm, timed rounds
+        codes(model, cache, *tiny_codebook_inputs(model, 2))
+    assert len(graph_calls) == timed_calls + (1 if graph_faster else 0)
 
 
 def test_batch_buckets_are_powers_of_two_then_the_slots() -> None:

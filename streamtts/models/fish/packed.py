@@ -3,10 +3,13 @@
 ``F.linear`` on a bf16 CPU tensor already runs oneDNN, but reorders the plain ``[out, in]``
 weight into oneDNN's blocked layout on every call. A decode step multiplies one activation row
 by each weight once, so that per-call reorder doubles the bytes moved. Packing once at load
-removes it; the kernel, and so every result bit, stays the same (checked by the tests against
-``F.linear`` for 1..300 rows). Measured on the 2-core dev CPU, one bf16 row through distinct
-weights beyond the caches: 8192x1024 in 0.26 ms instead of 0.59 ms, the 102048x1024 output
-head in 2.7 ms instead of 7.2 ms (65-77 GB/s against ~28 GB/s).
+removes it; the kernel, and so every result bit, stays the same on a CPU with native bf16
+(checked by the tests against ``F.linear`` for 1..300 rows). Where oneDNN emulates bf16
+(AVX-512 without BF16, where ``dtype auto`` is fp32), its few-row kernel sums a packed weight in
+another order: one output in 1000-4000 comes out a bf16 step apart (an AVX-512 Xeon).
+Measured on the 2-core dev CPU, one bf16 row through distinct weights beyond the caches:
+8192x1024 in 0.26 ms instead of 0.59 ms, the 102048x1024 output head in 2.7 ms instead of
+7.2 ms (65-77 GB/s against ~28 GB/s).
 
 Fuse each SwiGLU's gate and up projections first (:func:`fuse_gate_up_`): one wide product
 reads at a higher rate than two half-width ones, with identical rows.
@@ -16,6 +19,10 @@ fp32: ``F.linear`` runs MKL's fp32 kernel there, which reads a weight beyond the
 16-18 GB/s where oneDNN's packed kernel reads 22-25 GB/s (2-core dev CPU, 27 GB/s measured by
 summing). The kernel differs, so the results differ by fp32 roundings (about 1e-4 absolute on
 unit-scale rows): explicit ``fp32``, the bit-exact parity mode, keeps ``F.linear``.
+
+Under ``torch.compile`` a packed layer is one opaque op (:func:`packed_linear`): inductor lowers
+oneDNN's linear only for weights it packed itself (frozen constants), so the compiled codebook
+pass calls the same kernel on the same packed weight as eager and fuses only the ops around it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,22 @@ import torch
 from torch import nn
 
 from streamtts.models.fish.swap import replace_linears_
+
+
+@torch.library.custom_op("streamtts::packed_linear", mutates_args=())
+def packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """oneDNN's linear on a weight packed by ``_reorder_linear_weight``: [..., in] → [..., out]."""
+    y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return y
+
+
+@packed_linear.register_fake
+def _packed_linear_shape(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], out_features)
 
 
 class PackedLinear(nn.Module):
@@ -45,6 +68,9 @@ class PackedLinear(nn.Module):
         return cls(linear.weight, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # eager skips the custom op's dispatch (~10 µs a call)
+            out: torch.Tensor = packed_linear(x, self.packed, self.bias, self.out_features)
+            return out
         y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
             x, self.packed, self.bias, "none", [], ""
         )

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from streamtts.fish.devices import emulation_warning
 from streamtts.fish.load import prepare_llm
 from streamtts.fish.settings import FishSettings
 from streamtts.models.fish.llm.generate import RepetitionWindows, decode_step
@@ -20,21 +21,35 @@ needs_bf16_onednn = pytest.mark.skipif(
 )
 
 
+def assert_same_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Bit for bit where the CPU has native bf16. Where oneDNN emulates it (AVX-512 without
+    BF16), its kernel for a few rows sums a packed weight in another order than a plain one:
+    seen on an AVX-512 Xeon, one output in 1000-4000 a bf16 step apart, no more."""
+    if emulation_warning(torch.bfloat16, torch.device("cpu")) is None:
+        assert torch.equal(got, want)
+        return
+    apart = got.float() != want.float()
+    assert int(apart.sum()) <= max(1, want.numel() // 500)
+    step = want.float().abs()[apart] * 2.0**-7  # a bf16 step at most, for values of this size
+    assert bool(((got.float() - want.float()).abs()[apart] <= step).all())
+
+
 @needs_bf16_onednn
 @pytest.mark.parametrize("shape", [(160, 64), (1280, 1024), (1024, 4096)])
 def test_packed_linear_equals_f_linear_for_any_row_count(shape: tuple[int, int]) -> None:
-    weight = (torch.randn(*shape) * 0.02).bfloat16()
+    gen = torch.Generator().manual_seed(shape[0])
+    weight = (torch.randn(*shape, generator=gen) * 0.02).bfloat16()
     layer = PackedLinear(weight)
     assert (layer.out_features, layer.in_features) == shape
     assert layer.weight_bytes == weight.numel() * 2
     for rows in (1, 3, 16, 300):
-        x = torch.randn(rows, shape[1]).bfloat16()
-        assert torch.equal(layer(x), F.linear(x, weight))
-    x3 = torch.randn(2, 5, shape[1]).bfloat16()
-    assert torch.equal(layer(x3), F.linear(x3, weight))
-    bias = torch.randn(shape[0]).bfloat16()
+        x = torch.randn(rows, shape[1], generator=gen).bfloat16()
+        assert_same_bf16(layer(x), F.linear(x, weight))
+    x3 = torch.randn(2, 5, shape[1], generator=gen).bfloat16()
+    assert_same_bf16(layer(x3), F.linear(x3, weight))
+    bias = torch.randn(shape[0], generator=gen).bfloat16()
     with_bias = PackedLinear(weight, bias)
-    assert torch.equal(with_bias(x3), F.linear(x3, weight, bias))
+    assert_same_bf16(with_bias(x3), F.linear(x3, weight, bias))
 
 
 def test_fused_gate_up_gives_the_same_bits() -> None:

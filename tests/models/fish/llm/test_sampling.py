@@ -261,9 +261,14 @@ def test_value_sorting_filter_keeps_what_sorting_keeps(scale: float) -> None:
 
 
 def test_value_sorting_filter_edges() -> None:
-    logits = torch.randn(2, 9000) * 2
-    everything = top_p_filter_by_value_sort(logits, torch.tensor([1.0, 1.0]))
-    assert bool(torch.isfinite(everything).all())
+    gen = torch.Generator().manual_seed(9)  # a draw whose rows both lose a few (see below)
+    logits = torch.randn(2, 9000, generator=gen) * 2
+    # top_p 1 keeps what upstream keeps: all but the tail whose fp32 cumulated probability
+    # rounds past 1 (it depends on the draw: about half of random rows lose a few tokens).
+    nearly_all = torch.isfinite(top_p_filter_by_value_sort(logits, torch.tensor([1.0, 1.0])))
+    reference = torch.isfinite(top_p_filter_by_sorting(logits, torch.tensor([1.0, 1.0])))
+    assert torch.equal(nearly_all, reference)
+    assert int(nearly_all.sum()) > 0.99 * logits.numel()
     only_top = torch.isfinite(top_p_filter_by_value_sort(logits, torch.tensor([1e-6, 1e-6])))
     assert only_top.sum(-1).tolist() == [1, 1]
     assert torch.equal(only_top.float().argmax(-1), logits.argmax(-1))
