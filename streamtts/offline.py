@@ -20,7 +20,7 @@ async def synthesize_to_wav(
 ) -> float:
     """Speak ``text`` into a 16-bit mono WAV at the engine's rate; returns seconds of audio."""
     options = parse_options({"speed": speed})  # OptionError (a ValueError) when out of range
-    engine = create_engine(settings)
+    engine = create_engine(settings, offline=True)
     await engine.start()
     try:
         voices = VoiceCatalog(engine, settings.voices)  # cloned voices of the library too

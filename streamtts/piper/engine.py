@@ -94,7 +94,11 @@ class PiperEngine(Engine):
         settings: PiperSettings,
         voices_dir: Path | None = None,
         scheduling: SchedulingSettings | None = None,
+        measure_cost: bool = True,
     ) -> None:
+        """``measure_cost``: measure at start what admission starts from (every worker making
+        the calibration sentences at once); without it the cost is learned from the first
+        synthesis on (for one stream, where nothing is admitted)."""
         model_path = spec.model_path
         if model_path is None:
             self._model_path, self._config_path = bundled_voice_paths()
@@ -106,6 +110,7 @@ class PiperEngine(Engine):
         self._settings = settings
         self._cache = settings.calibration_cache()
         self._scheduling = scheduling or SchedulingSettings()
+        self._measure_cost = measure_cost
         self._workers: DeadlineWorkers | None = None
         self._loaded: dict[str, StagedVoice] = {}
         self._refresh_lock = asyncio.Lock()
@@ -157,12 +162,13 @@ class PiperEngine(Engine):
         )
         voice = await self._on_worker(load)
         self._loaded[self._voice_id] = voice
-        # The cost admission starts from, measured on every worker at once.
-        under_load = functools.partial(cost_under_load, voice, HEAD_FRAMES)
-        for compute_s, audio_s in await asyncio.gather(
-            *(self._on_worker(under_load) for _ in range(workers))
-        ):
-            self._observe(compute_s, audio_s)
+        if self._measure_cost:
+            # The cost admission starts from, measured on every worker at once.
+            under_load = functools.partial(cost_under_load, voice, HEAD_FRAMES)
+            for compute_s, audio_s in await asyncio.gather(
+                *(self._on_worker(under_load) for _ in range(workers))
+            ):
+                self._observe(compute_s, audio_s)
         await self.refresh_voices()
 
     def _observe(self, compute_s: float, audio_s: float) -> None:

@@ -11,13 +11,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from streamtts.config import Settings
 from streamtts.engine.base import InvalidOptionError
+from streamtts.engine.factory import create_engine
 from streamtts.options import SynthesisOptions
 from streamtts.piper import engine as piper_engine
 from streamtts.piper.engine import HEAD_FRAMES, PiperEngine, _PiperStream, bundled_voice_paths
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
 from streamtts.piper.stages import StagedVoice
+from streamtts.voices.settings import VoiceSettings
 from tests.piper_speed import SPEED_2_DURATION_RATIO
 from tests.torch_guard import no_torch_on_this_thread
 
@@ -65,6 +68,43 @@ async def test_the_voice_is_calibrated_on_every_worker(
         assert engine.cost.cost(1) is not None and engine.capacity().realtime_streams
     finally:
         await engine.stop()
+
+
+async def test_an_offline_engine_learns_its_cost_from_what_it_makes(
+    voice: StagedVoice, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``streamtts say`` (``create_engine(offline=True)``): one stream, nothing to admit, so
+    nothing is measured at start; the first sentence it makes gives the cost."""
+    monkeypatch.setattr(piper_engine, "load_voice", lambda *_, **__: voice)
+    measured: list[int] = []
+
+    def under_load(*_: Any) -> tuple[float, float]:
+        measured.append(1)
+        return 1.0, 1.0
+
+    monkeypatch.setattr(piper_engine, "cost_under_load", under_load)
+    settings = Settings(
+        piper=PiperSettings(engine_threads=2), voices=VoiceSettings(voices_dir=str(tmp_path))
+    )
+    engine = create_engine(settings, offline=True)
+    assert isinstance(engine, PiperEngine)
+    await engine.start()
+    try:
+        assert measured == [] and engine.cost.cost(1) is None
+        stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+        audio = [pcm async for pcm in stream.synthesize(TEXT)]
+        stream.close()
+        assert sum(a.size for a in audio) > voice.sample_rate  # over a second of speech
+        cost = engine.cost.cost(1)
+        assert cost is not None and 0 < cost < 1
+    finally:
+        await engine.stop()
+    serving = create_engine(settings)
+    await serving.start()
+    try:
+        assert measured == [1, 1]  # a server measures on every worker at start
+    finally:
+        await serving.stop()
 
 
 async def test_voices_of_the_folder_come_and_go_and_a_damaged_one_is_skipped(
