@@ -96,7 +96,7 @@ async def test_an_offline_engine_learns_its_cost_from_what_it_makes(
         stream.close()
         assert sum(a.size for a in audio) > voice.sample_rate  # over a second of speech
         cost = engine.cost.cost(1)
-        assert cost is not None and 0 < cost < 1
+        assert cost is not None and cost > 0  # learned (its size is the machine's speed)
     finally:
         await engine.stop()
     serving = create_engine(settings)
