@@ -158,6 +158,22 @@ class CostModel:
         return sorted(self._by_batch)
 
 
+# Before a piece's rest, each other open stream has about one piece of its own to be made, not
+# two: one that started earlier has had its first window made and its rest is due before this
+# one's; one that starts later has its first window due first and its rest after this one's.
+# Each is counted as this share of this piece's compute. Whole pieces (1) made the rests of 16
+# streams starting together 245-330 ms before their listeners ran out, and first audio waited
+# for the windows that bought that; half (an even split) left streams running dry at 18 and 64
+# clients; 0.7 none in 18 load-test levels (docs/operations.md, "First windows under a burst").
+OTHER_PIECE_SHARE = 0.7
+# A rest that a worker takes up with less than its estimated compute plus this left before its
+# listener runs out goes out as a window first (:func:`rest_is_late`): the margin is for what
+# the estimate does not see (the machine slowing down for a while, the event loop's and the
+# sockets' share of the cores). With 0.08 s, 3 of 10 load-test levels of 16 clients had a
+# stream run dry in a slower stretch; with 0.15 s, none of 11 (a share of 0.5 both times).
+LATE_MARGIN_S = 0.15
+
+
 def first_window_s(*, lead_s: float, make_s: float, others: int, workers: int) -> float:
     """Seconds of audio a piece's first window must hold, made before the rest of the piece,
     so that its listener does not run out while the rest is made: 0 where the listener's
@@ -165,10 +181,20 @@ def first_window_s(*, lead_s: float, make_s: float, others: int, workers: int) -
     means the same: make it whole).
 
     ``make_s``: the estimated compute of all of the piece. The rest may also wait behind a
-    piece of each of the ``others`` open streams, shared by ``workers``: a window shrinks the
-    listener's buffer, and streams that start together would otherwise run dry at once."""
-    waiting_s = max(0, others) * make_s / max(1, workers)
+    piece of each of the ``others`` open streams (:data:`OTHER_PIECE_SHARE` of ``make_s``
+    each), shared by ``workers``: a window shrinks the listener's buffer, and streams that
+    start together would otherwise run dry at once. Where the estimate falls short, the rest
+    is cut again when a worker takes it up (:func:`rest_is_late`)."""
+    waiting_s = max(0, others) * OTHER_PIECE_SHARE * make_s / max(1, workers)
     return max(0.0, waiting_s + make_s - lead_s)
+
+
+def rest_is_late(*, time_left_s: float, make_s: float) -> bool:
+    """Whether the rest of a piece, taken up ``time_left_s`` before its listener runs out of
+    audio (negative: already out) and estimated at ``make_s`` of compute, would reach the
+    listener too late if made whole: then a window of it goes first and the remainder is
+    queued by its own, later, deadline."""
+    return make_s + LATE_MARGIN_S > time_left_s
 
 
 def earliest(deadlines: Iterable[float]) -> float:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from streamtts.scheduling import CostModel, PlaybackClock, SchedulingSettings, first_window_s
+from streamtts.scheduling import (
+    LATE_MARGIN_S,
+    OTHER_PIECE_SHARE,
+    CostModel,
+    PlaybackClock,
+    SchedulingSettings,
+    first_window_s,
+    rest_is_late,
+)
 
 SETTINGS = SchedulingSettings(ttfa_target_s=0.25, max_lead_s=6.0)
 
@@ -86,6 +94,18 @@ def test_a_first_window_covers_making_the_rest_and_the_other_streams_pieces() ->
     assert first_window_s(lead_s=0.0, make_s=0.3, others=0, workers=2) == pytest.approx(0.3)
     # Audio enough queued already: made whole.
     assert first_window_s(lead_s=2.0, make_s=0.3, others=0, workers=2) == 0.0
-    # Seven other streams on two workers may each need a piece first: 0.3 + 7 * 0.3 / 2.
-    assert first_window_s(lead_s=0.0, make_s=0.3, others=7, workers=2) == pytest.approx(1.35)
-    assert first_window_s(lead_s=1.0, make_s=0.3, others=7, workers=2) == pytest.approx(0.35)
+    # Seven other streams on two workers may each need one of their pieces (a share of 0.3 s,
+    # less than a whole one) first: 0.3 + 7 * share * 0.3 / 2.
+    assert 0 < OTHER_PIECE_SHARE < 1
+    expected_s = 0.3 + 7 * OTHER_PIECE_SHARE * 0.3 / 2
+    assert first_window_s(lead_s=0.0, make_s=0.3, others=7, workers=2) == pytest.approx(expected_s)
+    assert first_window_s(lead_s=0.5, make_s=0.3, others=7, workers=2) == pytest.approx(
+        expected_s - 0.5
+    )
+
+
+def test_a_rest_is_late_when_its_compute_and_the_margin_outlast_the_listener() -> None:
+    assert not rest_is_late(time_left_s=1.0, make_s=0.3)
+    assert rest_is_late(time_left_s=0.3 + LATE_MARGIN_S / 2, make_s=0.3)  # within the margin
+    assert rest_is_late(time_left_s=-0.2, make_s=0.3)  # the listener has run out already
+    assert not rest_is_late(time_left_s=0.3 + 2 * LATE_MARGIN_S, make_s=0.3)

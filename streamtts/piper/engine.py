@@ -5,7 +5,9 @@ Synthesis runs on worker threads that take jobs earliest deadline first
 (:mod:`streamtts.piper.workers`, :mod:`streamtts.scheduling`); a segment is cut into jobs of at
 most ``piper_max_job_chars`` at clause boundaries, and a job's first sentence is decoded in a
 first window where its listener would otherwise run out of audio first
-(:mod:`streamtts.piper.stages`, :func:`streamtts.scheduling.first_window_s`); a segment the
+(:mod:`streamtts.piper.stages`, :func:`streamtts.scheduling.first_window_s`), as is the rest of
+it where a worker takes that up too late to make it whole
+(:func:`streamtts.scheduling.rest_is_late`); a segment the
 session names as likely next (:meth:`EngineStream.prepare`) gets its first job at once, with
 run options of its own so that it can be dropped alone. Each ONNX Runtime
 session runs ``piper_onnx_threads`` intra-op threads, so workers × threads stay within the
@@ -57,6 +59,7 @@ from streamtts.scheduling import (
     PlaybackClock,
     SchedulingSettings,
     first_window_s,
+    rest_is_late,
 )
 
 log = logging.getLogger(__name__)
@@ -331,9 +334,9 @@ class _PiperStream(EngineStream):
                 latent = self._voice.sentence(sentences[0], self._scales, job.run_options)
                 head_frames = self._head_frames(latent, job.runs_out_s)
             if latent is not None and head_frames:
-                head = self._post(job, self._voice.render(latent, 0, head_frames))
-                job.runs_out_s = max(job.runs_out_s, time.perf_counter())
-                job.runs_out_s += head / self.sample_rate
+                job.posted(
+                    self._post(job, self._voice.render(latent, 0, head_frames)), self.sample_rate
+                )
             job.add_compute()
         except Exception as exc:  # reported to the awaiting coroutine, not swallowed
             job.handoff.post(exc)
@@ -374,10 +377,21 @@ class _PiperStream(EngineStream):
         sentences: list[list[int]] | None = None,
     ) -> None:
         """On a worker: the rest of a piece (``latent``'s frames from ``start_frame``, then
-        ``sentences``), then its end and its cost."""
+        ``sentences``), then its end and its cost. Where the rest would come too late made
+        whole (:func:`rest_is_late`, judged now that a worker has it), a window of it goes
+        first and the remainder back to the workers, by its own deadline."""
         job.restart_clock()
+        requeued = False  # the job goes on in another worker call, which ends it
         try:
             if latent is not None and not job.stopped(self._cancelled):
+                window_end = self._late_window_end(latent, start_frame, job.runs_out_s)
+                if window_end is not None:
+                    made = self._post(job, self._voice.render(latent, start_frame, window_end))
+                    job.posted(made, self.sample_rate)
+                    rest = functools.partial(self._finish, job, latent, window_end, sentences)
+                    self._workers.submit(job.runs_out_s, rest)
+                    requeued = True
+                    return
                 self._post(job, self._voice.render(latent, start_frame))
             for ids in sentences or []:
                 if job.stopped(self._cancelled):
@@ -390,10 +404,30 @@ class _PiperStream(EngineStream):
             job.handoff.post(exc)
         finally:
             job.add_compute()
-            self.stats.compute_s += job.compute_s
-            if job.samples and not job.stopped(self._cancelled):
-                self._engine._observe(job.compute_s, job.samples / self.sample_rate)
-            job.handoff.end()
+            if not requeued:
+                self._end(job)
+
+    def _end(self, job: _Job) -> None:
+        """A piece is made (or stopped): its cost is counted and its listener told."""
+        self.stats.compute_s += job.compute_s
+        if job.samples and not job.stopped(self._cancelled):
+            self._engine._observe(job.compute_s, job.samples / self.sample_rate)
+        job.handoff.end()
+
+    def _late_window_end(self, latent: Sentence, start_frame: int, runs_out_s: float) -> int | None:
+        """Where a first window of a piece's rest (``latent``'s frames from ``start_frame``)
+        ends, where the rest made whole would reach its listener too late; None to make it
+        whole (also where too little of it is left to gain from a window)."""
+        voice = self._voice
+        left = voice.frames(latent) - start_frame
+        if voice.context_frames is None or HEAD_FRAMES + voice.context_frames >= left:
+            return None
+        frame_s = voice.hop_samples / voice.sample_rate
+        late = rest_is_late(
+            time_left_s=runs_out_s - time.perf_counter(),
+            make_s=self._engine.make_s(left * frame_s),
+        )
+        return start_frame + HEAD_FRAMES if late else None
 
     def _post(self, job: _Job, raw: PcmF32) -> int:
         if job.stopped(self._cancelled) or raw.size == 0:
@@ -439,6 +473,11 @@ class _Job:
 
     def stopped(self, cancelled: threading.Event) -> bool:
         return self._dropped or cancelled.is_set()
+
+    def posted(self, samples: int, sample_rate: int) -> None:
+        """``samples`` more of the piece's audio went to its listener now: it runs out that
+        much later (counted from now where it had run out already)."""
+        self.runs_out_s = max(self.runs_out_s, time.perf_counter()) + samples / sample_rate
 
     def restart_clock(self) -> None:
         self._since_s = time.perf_counter()

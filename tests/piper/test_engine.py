@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,14 +13,15 @@ import numpy as np
 import pytest
 
 from streamtts.config import Settings
-from streamtts.engine.base import InvalidOptionError
+from streamtts.engine.base import InvalidOptionError, StreamStats
 from streamtts.engine.factory import create_engine
+from streamtts.engine.handoff import PcmHandoff
 from streamtts.options import SynthesisOptions
 from streamtts.piper import engine as piper_engine
 from streamtts.piper.engine import HEAD_FRAMES, PiperEngine, _PiperStream, bundled_voice_paths
 from streamtts.piper.settings import PiperSettings
 from streamtts.piper.spec import PiperSpec
-from streamtts.piper.stages import StagedVoice
+from streamtts.piper.stages import Sentence, StagedVoice, matches, run_options
 from streamtts.voices.settings import VoiceSettings
 from tests.piper_speed import SPEED_2_DURATION_RATIO
 from tests.torch_guard import no_torch_on_this_thread
@@ -222,6 +224,35 @@ async def test_a_sentence_is_decoded_whole_while_its_listener_has_audio_enough(
     short = voice.sentence(voice.phoneme_ids("Hi.")[0], voice.scales(1.0))
     assert stream._head_frames(short, runs_out_s=now_s) == 0  # too short to gain anything
     stream.close()
+
+
+async def make_rest(
+    engine: PiperEngine, latent: Sentence, runs_out_in_s: float
+) -> list[np.ndarray]:
+    """The rest of ``latent`` after its first window, as a worker makes it for a listener who
+    runs out of audio ``runs_out_in_s`` from now: the chunks posted, in order."""
+    stream = engine.open_stream(engine.default_voice, SynthesisOptions())
+    assert isinstance(stream, _PiperStream) and engine._workers is not None
+    job = piper_engine._Job(TEXT, PcmHandoff(), time.perf_counter() + runs_out_in_s, run_options())
+    rest = functools.partial(stream._finish, job, latent, HEAD_FRAMES)
+    engine._workers.submit(0.0, rest)
+    chunks = [pcm async for pcm in job.handoff.chunks(StreamStats(), "Piper")]
+    stream.close()
+    return chunks
+
+
+async def test_a_rest_taken_up_late_goes_out_as_a_window_first(engine: PiperEngine) -> None:
+    """A rest whose listener runs out before it could be made whole: a first window of it is
+    posted, the remainder after it, and together they are the rest made whole."""
+    voice = engine._voice(engine.default_voice)
+    (ids,) = voice.phoneme_ids(TEXT)
+    latent = voice.sentence(ids, voice.scales(1.0))
+    late = await make_rest(engine, latent, runs_out_in_s=0.0)
+    assert late[0].size == HEAD_FRAMES * voice.hop_samples and len(late) >= 2
+    whole = voice.scaled(voice.render(Sentence(latent.arrays), HEAD_FRAMES))
+    assert matches(np.concatenate(late), whole)
+    in_time = await make_rest(engine, Sentence(latent.arrays), runs_out_in_s=60.0)
+    assert len(in_time) == 1 and matches(in_time[0], whole)
 
 
 async def test_a_cancel_after_the_first_window_ends_the_piece(engine: PiperEngine) -> None:
