@@ -6,29 +6,32 @@ once per batch bucket (1, 2, 4, 8, ... up to the slots) and the batch is padded 
 bucket; on CUDA with ``mode="reduce-overhead"``, so each bucket replays as a CUDA graph.
 Its random draws come in as an input (drawn eagerly before the step), so a compiled graph
 samples with the same noise as eager code would: a seeded stream is reproducible compiled too.
-Where the model computes in fp32 on the CPU with packed layers (``auto`` on a CPU without
-native bf16) the graph keeps those layers as opaque calls (``streamtts::packed_linear``) and
-fuses the small ops around them. Whether that pays depends on the CPU (a Zen 3: no faster; an
-AVX-512 Xeon: 1.1-1.2x), so there each bucket's graph is timed against the eager pass once
-compiled, and a bucket whose graph is not faster stays eager (:attr:`CompiledFastCodes.eager`).
 
-The slow transformer's step is compiled too where that measured faster: int8 weights on the
-CPU (19.0 -> 16.8 ms per step on the dev CPU; a packed bf16 step is faster eager, 20.9 ms,
-than compiled, 23.9 ms). Its cached length changes every step, so it is compiled with dynamic
-shapes: one graph for batch 1 and one for any larger batch. Its activations are fused in fp32
-where eager rounds them to bf16 between kernels, so its logits differ from eager's by about
-what bf16 rounding does.
+Where the model's layers are packed for oneDNN on the CPU (bf16 on a CPU with native bf16,
+and the fp32 that ``auto`` picks on one without; :mod:`streamtts.models.fish.packed`) a graph
+keeps those layers as opaque calls (``streamtts::packed_linear``: the same kernel on the same
+packed weight as eager) and fuses the small ops around them. Whether that pays depends on the
+CPU (fp32 on a Zen 3: no faster; on an AVX-512 Xeon 1.1-1.2x; bf16 on a Xeon with AMX:
+1.2-1.35x), so there each graph is timed against the eager code once compiled and kept only if
+faster: each bucket of the codebook pass (:attr:`CompiledFastCodes.eager`), and the slow
+step's graph for one row and for more (:class:`TimedSlowStep`).
 
-Graphs of an int8 or a packed fp32 model are cached on disk (inductor's FX graph cache and
+The slow transformer's step is compiled on the CPU for int8 weights (19.0 -> 16.8 ms per step
+on the dev CPU) and for packed layers (bf16 with AMX: 77-87 -> 69 ms, timed as above). Its
+cached length changes every step, so it is compiled with dynamic shapes: one graph for batch
+1 and one for any larger batch. Its activations are fused in fp32 where eager rounds them to
+bf16 between kernels, so its logits differ from eager's by about what bf16 rounding does.
+
+Graphs of an int8 or a packed model are cached on disk (inductor's FX graph cache and
 AOTAutograd's cache, under ``TORCHINDUCTOR_CACHE_DIR``), so a later start rebuilds them in
-seconds. Graphs of a bf16 model are compiled with freezing (weights become constants; on the
-CPU inductor packs them for oneDNN, which is what makes the compiled codebook pass pay there).
-AOTAutograd does not cache frozen graphs, nor inductor ones holding weights it packed: on the
-CPU they compile anew at every start. Figures: docs/operations.md, "Performance".
+seconds each (bf16 with AMX, four graphs: ready 55 s after a restart, 6.5-7 min cold). Other graphs (a bf16 model on CUDA, or the ``fp32`` parity mode on the CPU) are
+compiled with freezing (weights become constants; AOTAutograd does not cache frozen graphs,
+so they compile anew at every start). Figures: docs/operations.md, "Performance".
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import time
@@ -39,7 +42,7 @@ from typing import Any
 import torch
 
 from streamtts.models.fish.llm.generate import SlowStep, fast_codes, frame_noise, slow_step
-from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
+from streamtts.models.fish.llm.llama import DualARTransformer, KVCache, SlowOutput
 from streamtts.models.fish.llm.quantize import is_int8
 from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
 from streamtts.models.fish.packed import is_packed
@@ -50,8 +53,9 @@ TIMING_ROUNDS = 7
 
 
 def compiles_slow_step(model: DualARTransformer) -> bool:
-    """Whether ``compile`` covers the slow step too (where it measured faster than eager)."""
-    return model.device.type == "cpu" and is_int8(model)
+    """Whether ``compile`` covers the slow step too: on the CPU, with int8 weights (faster
+    compiled) or packed layers (timed against eager, :class:`TimedSlowStep`)."""
+    return model.device.type == "cpu" and (is_int8(model) or is_packed(model.layers))
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -173,11 +177,35 @@ def compare_ms(
     return statistics.median(times[0]), statistics.median(times[1])
 
 
+class TimedSlowStep:
+    """The slow step by batch size: one row, or more, each on its compiled graph or on the
+    eager code, whichever was faster when timed at start (:func:`compile_slow_step`)."""
+
+    def __init__(self, compiled: SlowStep, eager_batches: set[int]) -> None:
+        self.compiled = compiled
+        self.eager_batches = eager_batches  # 1: one row; 2: any larger batch
+
+    def __call__(
+        self,
+        model: DualARTransformer,
+        cache: KVCache,
+        tokens: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        kv_len: int,
+    ) -> SlowOutput:
+        graph = min(2, int(tokens.shape[0]))
+        step = slow_step if graph in self.eager_batches else self.compiled
+        return step(model, cache, tokens, slots, positions, kv_len)
+
+
 def compile_slow_step(
-    model: DualARTransformer, cache: KVCache, max_batch: int
-) -> tuple[SlowStep, dict[str, float]]:
-    """:func:`slow_step` compiled with dynamic batch size and cached length, and the seconds
-    its two graphs took (batch 1, and 2 standing for any larger batch), compiled now.
+    model: DualARTransformer, cache: KVCache, max_batch: int, timed: bool = False
+) -> tuple[SlowStep, dict[str, float], list[str]]:
+    """:func:`slow_step` compiled with dynamic batch size and cached length, compiled now: the
+    step, the seconds its two graphs took (batch 1, and 2 standing for any larger batch), and
+    the graphs left unused. With ``timed`` each graph is timed against the eager step
+    (:func:`compare_ms`) and used only where faster.
 
     Warming up writes keys/values of junk tokens into the first slots at one position:
     harmless, as a slot's positions are written before they are read (prefill, or the step at
@@ -185,6 +213,7 @@ def compile_slow_step(
     """
     compiled: SlowStep = torch.compile(slow_step, dynamic=True)
     compile_s: dict[str, float] = {}
+    eager_batches: set[int] = set()
     device = model.device
     rows = model.config.num_codebooks + 1
     for batch in sorted({1, min(2, max_batch)}):
@@ -196,17 +225,39 @@ def compile_slow_step(
             compiled(model, cache, tokens, slots, positions, 65)
         elapsed_s = compile_s[f"slow_b{batch}"] = time.perf_counter() - started_s
         log.info("compiled the slow step for batch %d in %.1f s", batch, elapsed_s)
-    return compiled, compile_s
+        if not timed:
+            continue
+        step_args = (model, cache, tokens, slots, positions, 65)
+        compiled_ms, eager_ms = compare_ms(
+            functools.partial(compiled, *step_args), functools.partial(slow_step, *step_args)
+        )
+        if compiled_ms >= eager_ms:
+            eager_batches.add(batch)
+        log.info(
+            "slow step for batch %d: %.1f ms compiled, %.1f ms eager: %s",
+            batch,
+            compiled_ms,
+            eager_ms,
+            "stays eager" if batch in eager_batches else "compiled",
+        )
+    unused = [f"slow_b{batch}" for batch in sorted(eager_batches)]
+    if len(eager_batches) == len(compile_s):
+        return slow_step, compile_s, unused
+    if eager_batches:
+        return TimedSlowStep(compiled, eager_batches), compile_s, unused
+    return compiled, compile_s, unused
 
 
 def freezes_weights(model: DualARTransformer) -> bool:
-    """Whether graphs of ``model`` are compiled with inductor's freezing.
+    """Whether graphs of ``model`` are compiled with inductor's freezing: where its layers are
+    neither int8 nor packed (a bf16 model on CUDA, the ``fp32`` parity mode on the CPU).
 
-    It pays for bf16 weights (the CPU codebook pass: 38 -> 23 ms per frame) but makes graphs
-    uncacheable across starts; int8 layers gain nothing from it (a slow step takes 17.2 ms
-    either way), so their graphs stay cacheable (warm start 21 -> 7 s for the slow step).
-    Nor is a pass whose layers are packed already (fp32, :mod:`streamtts.models.fish.packed`):
-    its graphs call them as they are, hold no copy of the weights, and are cacheable.
+    Freezing makes graphs uncacheable across starts; int8 layers gain nothing from it (a slow
+    step takes 17.2 ms either way), so their graphs stay cacheable (warm start 21 -> 7 s for
+    the slow step). Nor does a pass whose layers are packed already
+    (:mod:`streamtts.models.fish.packed`): its graphs call them as they are, hold no copy of
+    the weights, and are cacheable. (bf16 on a Xeon with AMX, 2026-12-05: a frozen codebook
+    pass took 82-83 ms, one around the packed layers 59-61 ms; 4.2 against 3.0 GB resident.)
     """
     return not is_int8(model) and not is_packed(model.fast_layers)
 

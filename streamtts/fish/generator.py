@@ -243,8 +243,11 @@ class GeneratorWorker(Worker[_Command]):
                 "measured no faster than the packed eager pass (docs/operations.md, Choosing)"
             )
         if compiles_slow_step(model):
-            self._slow, slow_s = compile_slow_step(model, self._cache, self.capacity)
+            self._slow, slow_s, slow_unused = compile_slow_step(
+                model, self._cache, self.capacity, timed=is_packed(model.layers)
+            )
             self.compile_s.update(slow_s)
+            self.eager_graphs += slow_unused
 
     def _prefill_prefix(self) -> None:
         """The default voice's prefix, prefilled through slot 0 (free until a stream takes it)."""

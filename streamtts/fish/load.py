@@ -76,17 +76,14 @@ def file_fingerprint(path: Path, edge_bytes: int = 1 << 22) -> str:
 def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
     """Ready the weights for the dtype setting: int8 layers, or oneDNN-packed layers on the
     CPU — bf16 where it has the kernels, and the fp32 that ``auto`` picks where it has not
-    (explicit ``fp32`` stays on upstream's kernels: the parity mode). A compiled codebook
-    pass packs its own, by inductor freezing, except in fp32, where it is compiled around the
-    layers packed here (:mod:`streamtts.fish.compiled`)."""
+    (explicit ``fp32`` stays on upstream's kernels: the parity mode). Compiled graphs call
+    the packed layers as they are (:mod:`streamtts.fish.compiled`)."""
     if settings.dtype == INT8:
         fuse_gate_up_(model)
         quantize_int8_(model)
     elif can_pack(model, fp32=not settings.parity):
-        compiled = settings.compile and model.dtype != torch.float32
-        compiled_part = (model.fast_layers, model.fast_output) if compiled else ()
-        fuse_gate_up_(model, compiled_part)
-        packed = pack_linears_(model, skip=compiled_part)
+        fuse_gate_up_(model)
+        packed = pack_linears_(model)
         log.info("packed %d linear layers into oneDNN's layout", packed)
 
 

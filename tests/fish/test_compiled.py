@@ -1,7 +1,8 @@
 """Compiled decode steps: the slow step (int8 on the CPU) gives the eager step's results,
 written where eager writes them and nothing else in the cache touched; int8 graphs are cached
-across starts; the codebook pass pads a batch to its bucket, is compiled around layers packed
-in fp32 (calling them as they are), and where timed keeps a bucket's graph only if faster."""
+across starts; graphs are compiled around packed layers (calling them as they are); the
+codebook pass pads a batch to its bucket; where timed, a bucket's graph, and each of the slow
+step's two graphs, is kept only if faster than eager."""
 
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ from streamtts.fish.load import load_fish_bundle, prepare_llm
 from streamtts.fish.settings import FishSettings
 from streamtts.fish.spec import FishSpec
 from streamtts.models.fish.llm.generate import fast_codes, frame_noise, slow_step
-from streamtts.models.fish.llm.llama import DualARTransformer, KVCache, fuse_gate_up_
+from streamtts.models.fish.llm.llama import DualARTransformer, KVCache, SlowOutput, fuse_gate_up_
 from streamtts.models.fish.llm.quantize import quantize_int8_
 from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
-from streamtts.models.fish.packed import PackedLinear, is_packed
+from streamtts.models.fish.packed import PackedLinear, is_packed, packs
 
 TINY = FishSpec("synthetic:tiny", synthetic_size="tiny")
+BF16_PACKS = packs(torch.device("cpu"), torch.bfloat16)
 # These compile an int8 model computing in bf16, as a CPU with native bf16 runs it. Where bf16 is
 # emulated that costs CI over a minute (CI runs close to its 30-minute limit on such a host), and
 # int8 computes in fp32 there: its compiled slow step in fp32 is not covered by these tests.
@@ -61,8 +63,9 @@ def test_compiled_slow_step_matches_eager_and_writes_only_its_positions() -> Non
     model = int8_model()
     assert compiles_slow_step(model)
     with torch.inference_mode():
-        compiled, compile_s = compile_slow_step(model, model.allocate_cache(3, 256), max_batch=3)
-        assert sorted(compile_s) == ["slow_b1", "slow_b2"]
+        cache = model.allocate_cache(3, 256)
+        compiled, compile_s, unused = compile_slow_step(model, cache, max_batch=3)
+        assert sorted(compile_s) == ["slow_b1", "slow_b2"] and unused == []
         rows = model.config.num_codebooks + 1
         # Batch 1 and a batch of 3 (the dynamic graph), at cached lengths not seen in warm-up.
         for slots_list, positions_list in (([2], [100]), ([0, 2, 1], [70, 150, 9])):
@@ -99,9 +102,65 @@ def test_compiled_slow_step_matches_eager_and_writes_only_its_positions() -> Non
                 torch.testing.assert_close(ours.float(), theirs.float(), atol=0.05, rtol=0.05)
 
 
-def test_packed_and_fp32_models_keep_the_eager_slow_step() -> None:
+@pytest.mark.parametrize(("setting", "compiles"), [("fp32", False), ("auto", True)])
+def test_the_slow_step_compiles_with_packed_layers_not_in_the_parity_mode(
+    setting: str, compiles: bool
+) -> None:
     model = load_fish_bundle(TINY, torch.device("cpu"), torch.float32).llm.model
-    assert not compiles_slow_step(model)
+    prepare_llm(model, FishSettings(dtype=setting, compile=True))
+    assert is_packed(model.layers) is compiles
+    assert compiles_slow_step(model) is compiles
+
+
+@pytest.mark.parametrize("slower_at", [[1], [1, 2], []])
+def test_a_timed_slow_step_runs_each_graph_only_where_faster(
+    slower_at: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timed at start, the slow step's graph for one row and the one for more are each kept
+    only if faster than the eager step; each batch then runs what won (stand-ins for the
+    graphs: instant, or slower than eager at the batch sizes in ``slower_at``)."""
+    model = load_fish_bundle(TINY, torch.device("cpu"), torch.float32).llm.model
+    prepare_llm(model, FishSettings(dtype="auto", compile=True))
+    cache = model.allocate_cache(3, 128)  # the warm-up writes position 64
+    graph_batches: list[int] = []
+
+    def graph(
+        model: DualARTransformer, cache: KVCache, tokens: torch.Tensor, *rest: Any
+    ) -> SlowOutput:
+        batch = int(tokens.shape[0])
+        graph_batches.append(batch)
+        if min(2, batch) in slower_at:
+            time.sleep(0.02)
+            return slow_step(model, cache, tokens, *rest)
+        return SlowOutput(torch.zeros(batch, model.config.vocab_size), torch.zeros(batch, 1))
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: graph)
+    with torch.inference_mode():
+        step, compile_s, unused = compile_slow_step(model, cache, max_batch=3, timed=True)
+        assert sorted(compile_s) == ["slow_b1", "slow_b2"]
+        assert unused == [f"slow_b{b}" for b in slower_at]
+        if slower_at == [1, 2]:
+            assert step is slow_step
+        rows = model.config.num_codebooks + 1
+        for batch in (1, 3):
+            tokens = torch.zeros(batch, rows, 1, dtype=torch.int32)
+            graph_batches.clear()
+            step(model, cache, tokens, torch.arange(batch), torch.full((batch,), 5), 6)
+            assert graph_batches == ([] if min(2, batch) in slower_at else [batch])
+
+
+def test_an_untimed_slow_step_keeps_its_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = load_fish_bundle(TINY, torch.device("cpu"), torch.float32).llm.model
+    calls: list[int] = []
+
+    def graph(model: DualARTransformer, cache: KVCache, tokens: torch.Tensor, *rest: Any) -> Any:
+        calls.append(int(tokens.shape[0]))
+        return slow_step(model, cache, tokens, *rest)
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: graph)
+    with torch.inference_mode():
+        step, _, unused = compile_slow_step(model, model.allocate_cache(2, 128), max_batch=2)
+    assert step is graph and unused == [] and calls == [1, 2]  # compiled, never timed
 
 
 @needs_native_bf16
@@ -132,10 +191,11 @@ def test_int8_graphs_are_cached_across_starts(
         (torch.float32, "auto", True, False),
         (torch.float32, "fp32", False, True),  # the parity mode packs nothing: inductor does
         (torch.float32, "int8", False, False),
-        (torch.bfloat16, "auto", False, True),  # bf16 under compile: packed by freezing
+        # bf16: packed where oneDNN has bf16 kernels, compiled around them; else frozen.
+        (torch.bfloat16, "auto", BF16_PACKS, not BF16_PACKS),
     ],
 )
-def test_compile_packs_the_codebook_pass_eagerly_only_in_fp32(
+def test_compile_runs_the_layers_packed_eagerly_except_in_the_parity_mode(
     dtype: torch.dtype, setting: str, packed: bool, frozen: bool
 ) -> None:
     model = load_fish_bundle(TINY, torch.device("cpu"), dtype).llm.model

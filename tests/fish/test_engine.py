@@ -26,7 +26,7 @@ from streamtts.fish.devices import choose_dtype
 from streamtts.fish.engine import FishEngine, FishStream
 from streamtts.fish.jobs import SegmentJob
 from streamtts.fish.settings import FishSettings
-from streamtts.models.fish.llm.generate import fast_codes
+from streamtts.models.fish.llm.generate import fast_codes, slow_step
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.tokenizer import FishTokenizer
 from streamtts.models.fish.packed import is_packed, packs, packs_fp32
@@ -439,9 +439,9 @@ async def test_compile_keeps_a_packed_fp32_pass_packed_and_speaks_as_eager(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``compile`` with ``auto`` on a CPU without native bf16 (fp32, packed): the codebook pass
-    is compiled around its packed layers, which stay packed, and a kept graph (its timing
-    against eager stubbed as faster here; the choice itself: tests/fish/test_compiled.py) says
-    what the eager engine says for a seeded stream."""
+    and the slow step are compiled around their packed layers, which stay packed, and kept
+    graphs (their timing against eager stubbed as faster here; the choice itself:
+    tests/fish/test_compiled.py) say what the eager engine says for a seeded stream."""
     monkeypatch.setattr(devices, "_cpu_has_native_bf16", lambda: False)
     monkeypatch.setattr(compiled_passes, "compare_ms", lambda *_: (1.0, 2.0))
 
@@ -453,9 +453,10 @@ async def test_compile_keeps_a_packed_fp32_pass_packed_and_speaks_as_eager(
             assert info["dtype"] == "float32"
             assert await engine.profile(lambda passes: is_packed(passes.model.fast_layers))
             if settings.compile:
-                assert sorted(info["compile_s"]) == ["codebook_b1"]
+                assert sorted(info["compile_s"]) == ["codebook_b1", "slow_b1"]
                 assert info["compiled_but_eager"] == []
                 assert await engine.profile(lambda passes: passes.fast is not fast_codes)
+                assert await engine.profile(lambda passes: passes.slow is not slow_step)
             return await seeded_frames(engine, seed=5)
         finally:
             await engine.stop()
