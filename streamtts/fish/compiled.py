@@ -24,8 +24,9 @@ bf16 between kernels, so its logits differ from eager's by about what bf16 round
 
 Graphs of an int8 or a packed model are cached on disk (inductor's FX graph cache and
 AOTAutograd's cache, under ``TORCHINDUCTOR_CACHE_DIR``), so a later start rebuilds them in
-seconds each (bf16 with AMX, four graphs: ready 55 s after a restart, 6.5-7 min cold). Other graphs (a bf16 model on CUDA, or the ``fp32`` parity mode on the CPU) are
-compiled with freezing (weights become constants; AOTAutograd does not cache frozen graphs,
+seconds each (bf16 with AMX, four graphs: ready 55 s after a restart, 6.5-7 min cold).
+Other graphs (a bf16 model on CUDA, or the ``fp32`` parity mode on the CPU) are compiled with
+freezing (weights become constants; AOTAutograd does not cache frozen graphs,
 so they compile anew at every start). Figures: docs/operations.md, "Performance".
 """
 
