@@ -356,18 +356,16 @@ class _PiperStream(EngineStream):
         """How many of a sentence's frames to decode first: 0 for all at once."""
         voice = self._voice
         frames = voice.frames(latent)
-        if voice.context_frames is None:
+        if not voice.window_pays(HEAD_FRAMES, frames):
             return 0
-        frame_s = voice.hop_samples / voice.sample_rate
-        make_s = self._engine.make_s(frames * frame_s)
         window_s = first_window_s(
             lead_s=max(0.0, runs_out_s - time.perf_counter()),
-            make_s=make_s,
+            make_s=self._engine.make_s(frames * voice.frame_s),
             others=self._engine.open_streams - 1,
             workers=self._workers.threads,
         )
-        head = max(HEAD_FRAMES, math.ceil(window_s / frame_s))
-        return 0 if window_s == 0 or head + voice.context_frames >= frames else head
+        head = max(HEAD_FRAMES, math.ceil(window_s / voice.frame_s))
+        return head if window_s > 0 and voice.window_pays(head, frames) else 0
 
     def _finish(
         self,
@@ -420,12 +418,11 @@ class _PiperStream(EngineStream):
         whole (also where too little of it is left to gain from a window)."""
         voice = self._voice
         left = voice.frames(latent) - start_frame
-        if voice.context_frames is None or HEAD_FRAMES + voice.context_frames >= left:
+        if not voice.window_pays(HEAD_FRAMES, left):
             return None
-        frame_s = voice.hop_samples / voice.sample_rate
         late = rest_is_late(
             time_left_s=runs_out_s - time.perf_counter(),
-            make_s=self._engine.make_s(left * frame_s),
+            make_s=self._engine.make_s(left * voice.frame_s),
         )
         return start_frame + HEAD_FRAMES if late else None
 

@@ -252,6 +252,17 @@ class StagedVoice:
         first = sentence.arrays[0]
         return int(first.shape[-1]) if first.ndim == 3 else 0
 
+    @property
+    def frame_s(self) -> float:
+        """Seconds of audio per latent frame."""
+        return self.hop_samples / self.sample_rate
+
+    def window_pays(self, window_frames: int, frames: int) -> bool:
+        """Whether ``frames`` of a sentence can go out as a first window of ``window_frames``
+        and the rest: the voice decodes by window, and the window with its context is not
+        already all of them."""
+        return self.context_frames is not None and window_frames + self.context_frames < frames
+
     def render(self, sentence: Sentence, start: int = 0, stop: int | None = None) -> PcmF32:
         """Raw audio of latent frames ``[start, stop)`` (all of them by default), each stage
         run with its context on each side."""
