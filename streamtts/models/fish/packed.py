@@ -104,13 +104,9 @@ def can_pack(model: nn.Module, fp32: bool = False) -> bool:
     return packs(weight.device, weight.dtype) or (fp32 and packs_fp32(weight.device, weight.dtype))
 
 
-def pack_linears_(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> int:
-    """Pack every ``nn.Linear`` of ``model`` in place.
-
-    Modules inside ``skip`` stay as they are (e.g. a part handed to ``torch.compile``, whose
-    freezing packs weights itself). Returns how many layers were packed.
-    """
-    return replace_linears_(model, PackedLinear.from_linear, skip)
+def pack_linears_(model: nn.Module) -> int:
+    """Pack every ``nn.Linear`` of ``model`` in place. Returns how many layers were packed."""
+    return replace_linears_(model, PackedLinear.from_linear)
 
 
 def is_packed(model: nn.Module) -> bool:

@@ -35,10 +35,13 @@ def assert_same_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
         return
     apart = got.float() != want.float()
     assert int(apart.sum()) <= max(1, want.numel() // 500)
-    larger = torch.maximum(got.float().abs(), want.float().abs())[apart]
-    step = torch.ldexp(torch.ones_like(larger), torch.frexp(larger).exponent - 8)  # bf16's
-    roundings = want.float().abs().max() * 2.0**-16  # fp32 sums of this scale, reordered
-    assert bool(((got.float() - want.float()).abs()[apart] <= step.clamp(min=roundings)).all())
+    if native:  # AMX, many rows: a step of the larger value, or fp32 roundings near zero
+        larger = torch.maximum(got.float().abs(), want.float().abs())[apart]
+        step = torch.ldexp(torch.ones_like(larger), torch.frexp(larger).exponent - 8)  # bf16's
+        step = step.clamp(min=float(want.float().abs().max()) * 2.0**-16)
+    else:
+        step = want.float().abs()[apart] * 2.0**-7  # a bf16 step at most, for values of this size
+    assert bool(((got.float() - want.float()).abs()[apart] <= step).all())
 
 
 @needs_bf16_onednn
@@ -130,17 +133,6 @@ def test_auto_packs_fp32_and_explicit_fp32_stays_on_upstreams_kernels() -> None:
     for a, b in ((logits, packed_logits), (hidden, packed_hidden), (keys, packed_keys)):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
     assert torch.equal(frame, packed_frame)
-
-
-@needs_bf16_onednn
-def test_skipped_parts_stay_plain() -> None:
-    model = load_synthetic("tiny", torch.bfloat16, "cpu", seed=1).model
-    skip = (model.fast_layers, model.fast_output)
-    fuse_gate_up_(model, skip)
-    pack_linears_(model, skip=skip)
-    assert isinstance(model.fast_output, torch.nn.Linear)
-    assert isinstance(model.fast_layers[0].feed_forward.w1, torch.nn.Linear)
-    assert isinstance(model.layers[0].attention.wqkv, PackedLinear)
 
 
 def test_only_bf16_cpu_models_pack() -> None:

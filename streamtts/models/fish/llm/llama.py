@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from streamtts.models.fish.llm.config import BlockConfig, FishConfig
-from streamtts.models.fish.swap import module_ids
 
 # RoPE cos/sin tables are rounded to bf16 upstream, whatever the model dtype.
 ROPE_TABLE_DTYPE = torch.bfloat16
@@ -135,11 +134,10 @@ class FeedForward(nn.Module):
         return out
 
 
-def fuse_gate_up_(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> None:
-    """:meth:`FeedForward.fuse_gate_up` on every feed-forward of ``model`` outside ``skip``."""
-    skipped = module_ids(skip)
+def fuse_gate_up_(model: nn.Module) -> None:
+    """:meth:`FeedForward.fuse_gate_up` on every feed-forward of ``model``."""
     for module in model.modules():
-        if isinstance(module, FeedForward) and id(module) not in skipped:
+        if isinstance(module, FeedForward):
             module.fuse_gate_up()
 
 
