@@ -42,7 +42,13 @@ from typing import Any
 
 import torch
 
-from streamtts.models.fish.llm.generate import SlowStep, fast_codes, frame_noise, slow_step
+from streamtts.models.fish.llm.generate import (
+    FastCodes,
+    SlowStep,
+    fast_codes,
+    frame_noise,
+    slow_step,
+)
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache, SlowOutput
 from streamtts.models.fish.llm.quantize import is_int8
 from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
@@ -73,12 +79,21 @@ class CompiledFastCodes:
     """A drop-in for :func:`fast_codes` that runs a compiled graph per batch bucket.
 
     With ``timed``, :meth:`warm_up` times each bucket's graph against the eager pass, and
-    buckets whose graph is not faster run eager from then on.
+    buckets whose graph is not faster run eager from then on. ``eager``: the pass those buckets
+    (and batches beyond the last) run, and the graphs are timed against: :func:`fast_codes`, or
+    the fused op (:mod:`streamtts.models.fish.fused`).
     """
 
-    def __init__(self, max_batch: int, device: torch.device, timed: bool = False) -> None:
+    def __init__(
+        self,
+        max_batch: int,
+        device: torch.device,
+        timed: bool = False,
+        eager: FastCodes = fast_codes,
+    ) -> None:
         self.buckets = batch_buckets(max_batch)
         self.timed = timed
+        self._eager = eager
         # On CUDA each bucket's graph is captured and replayed as a CUDA graph: one launch per
         # frame's codebook pass instead of hundreds of kernel launches.
         mode = "reduce-overhead" if device.type == "cuda" else None
@@ -106,7 +121,7 @@ class CompiledFastCodes:
         b = hidden.shape[0]
         bucket = next((x for x in self.buckets if x >= b), None)
         if bucket is None or bucket in self.eager:
-            return fast_codes(model, cache, hidden, code0, sampling, windows, noise)
+            return self._eager(model, cache, hidden, code0, sampling, windows, noise)
         args = _pad_rows(bucket, hidden, code0, sampling, windows, noise)
         return self._compiled(model, cache, *args)[:b]  # [B, C-1]
 
@@ -134,7 +149,7 @@ class CompiledFastCodes:
     ) -> None:
         compiled_ms, eager_ms = compare_ms(
             lambda: self._compiled(model, cache, *args),
-            lambda: fast_codes(model, cache, *args),
+            lambda: self._eager(model, cache, *args),
         )
         self.pass_ms[bucket] = (compiled_ms, eager_ms)
         kept = compiled_ms < eager_ms

@@ -283,6 +283,7 @@ class FishEngine(Engine):
                 "dtype": loaded.dtype,
                 "max_streams": loaded.generator.capacity,
                 "frame_s": loaded.frame_s,
+                "codebook_pass": loaded.generator.codebook_pass,
                 "compile_s": dict(loaded.generator.compile_s),
                 "compiled_but_eager": list(loaded.generator.eager_graphs),
             }

@@ -36,6 +36,7 @@ from streamtts.fish.prefixes import VoicePrefixes
 from streamtts.fish.scheduler import Scheduler
 from streamtts.fish.settings import FishSettings
 from streamtts.fish.slots import SlotPool
+from streamtts.models.fish.fused import PYTHON, codebook_pass_for
 from streamtts.models.fish.llm.generate import (
     FastCodes,
     RepetitionWindows,
@@ -130,6 +131,7 @@ class GeneratorWorker(Worker[_Command]):
         self._windows = RepetitionWindows(cache.slots, model.config.num_codebooks + 1, model.device)
         self._jobs: list[SegmentJob] = []
         self._fast: FastCodes = fast_codes
+        self.codebook_pass = PYTHON  # what runs it: "fused", or "python" and why (fused.py)
         self._slow: SlowStep = slow_step
         self.compile_s: dict[str, float] = {}  # seconds per compiled graph
         self.eager_graphs: list[str] = []  # compiled, but measured no faster than eager
@@ -144,7 +146,8 @@ class GeneratorWorker(Worker[_Command]):
 
     @property
     def fast(self) -> FastCodes:
-        """The codebook pass decode steps use: eager, or compiled per batch bucket."""
+        """The codebook pass decode steps use: the fused op or Python (eager), or compiled per
+        batch bucket."""
         return self._fast
 
     @property
@@ -206,6 +209,9 @@ class GeneratorWorker(Worker[_Command]):
 
     def run(self) -> None:
         with self._device.worker_stream("generator"), torch.inference_mode():
+            self._fast, self.codebook_pass = codebook_pass_for(
+                self._model, self._settings.fused_codebook_pass
+            )
             if self._settings.compile:
                 self._compile()
             self._prefill_prefix()
@@ -231,7 +237,9 @@ class GeneratorWorker(Worker[_Command]):
 
     def _compile(self) -> None:
         model = self._model
-        fast = CompiledFastCodes(self.capacity, model.device, timed=is_packed(model.fast_layers))
+        fast = CompiledFastCodes(
+            self.capacity, model.device, timed=is_packed(model.fast_layers), eager=self._fast
+        )
         fast.warm_up(model, self._cache)
         self.compile_s = dict(fast.compile_s)
         self.eager_graphs = [f"codebook_b{bucket}" for bucket in sorted(fast.eager)]

@@ -1,0 +1,168 @@
+// The codebook pass of Fish-Speech 1.5 as one op: streamtts_fused::codebook_pass.
+//
+// The same ATen calls, in the same order and with the same arguments, as the Python pass
+// (streamtts.models.fish.llm.generate.fast_codes over packed layers: DualARTransformer.fast_step,
+// TransformerBlock.decode_position, sampling.sample with top-p by sorting), so every result bit
+// is the Python pass's. What it removes is the interpreter between ~1100 small kernels a frame.
+// Built at first use by streamtts/models/fish/fused.py. Shapes: B batch, D model dim, H query
+// heads, G KV heads, Dh head dim, C codebooks, K codebook size, W repetition window, L layers.
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+
+constexpr int64_t kTensorsPerLayer = 4;  // wqkv, wo, w13, w2 (packed)
+constexpr int64_t kNormsPerLayer = 2;    // attention_norm, ffn_norm
+constexpr double kMinTemperature = 1e-5;  // sampling.MIN_TEMPERATURE
+
+// oneDNN's linear on a weight packed by mkldnn::_reorder_linear_weight: [B, in] -> [B, out].
+Tensor packed_linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&,
+                        c10::string_view, c10::List<std::optional<c10::Scalar>>,
+                        std::optional<c10::string_view>)>();
+  return op.call(x, packed, bias, "none", c10::List<std::optional<c10::Scalar>>(), std::nullopt);
+}
+
+// RMSNorm.forward: normalised in fp32 and rounded once (at::rms_norm), then times the weight.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  return at::rms_norm(x, {x.size(-1)}, std::nullopt, eps).mul(weight);
+}
+
+struct Layers {
+  std::vector<Tensor> norms;   // [2L] of [D]
+  std::vector<Tensor> packed;  // [4L]
+  c10::List<std::optional<Tensor>> qkv_bias;  // [L]
+  Tensor rope;                 // [C, 2, Dh] fp32: cos, ±sin rows per position
+  Tensor fast_k, fast_v;       // [L, slots, G, C, Dh] in the attention dtype
+  int64_t n_q, n_kv, dh;
+  double eps;
+};
+
+// Every layer at fast position `pos`: x [B, D] -> [B, D] (TransformerBlock.decode_position).
+Tensor decode_position(Tensor x, int64_t pos, const Layers& layers) {
+  const int64_t b = x.size(0);
+  const int64_t n_q = layers.n_q, n_kv = layers.n_kv, dh = layers.dh;
+  const auto dtype = x.scalar_type();
+  const Tensor cos = layers.rope.select(0, pos).select(0, 0);  // [Dh]
+  const Tensor sin = layers.rope.select(0, pos).select(0, 1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  const int64_t count = static_cast<int64_t>(layers.qkv_bias.size());
+  for (int64_t l = 0; l < count; ++l) {
+    const Tensor keys = layers.fast_k.select(0, l).narrow(0, 0, b);  // [B,G,C,Dh]
+    const Tensor values = layers.fast_v.select(0, l).narrow(0, 0, b);
+    const Tensor* norm = &layers.norms[kNormsPerLayer * l];
+    const Tensor* packed = &layers.packed[kTensorsPerLayer * l];
+    // Attention.decode_position
+    Tensor qkv = packed_linear(rms_norm(x, norm[0], layers.eps), packed[0], layers.qkv_bias.get(l));
+    Tensor v = qkv.narrow(-1, (n_q + n_kv) * dh, n_kv * dh);  // [B, G·Dh]
+    Tensor x32 = qkv.narrow(-1, 0, (n_q + n_kv) * dh).to(at::kFloat).view({b, n_q + n_kv, dh});
+    Tensor swapped = x32.view({b, n_q + n_kv, dh / 2, 2}).flip({-1}).flatten(-2);
+    Tensor qk = x32.mul(cos).add(swapped.mul(sin)).to(dtype);  // [B,H+G,Dh] (rotate_pairs)
+    keys.select(2, pos).copy_(qk.narrow(1, n_q, n_kv));  // [B,G,Dh]
+    values.select(2, pos).copy_(v.view({b, n_kv, dh}));
+    const auto wide = keys.scalar_type();
+    Tensor q = qk.narrow(1, 0, n_q).to(wide).reshape({b * n_kv, n_q / n_kv, dh});  // [B·G,H/G,Dh]
+    Tensor seen_k = keys.narrow(2, 0, pos + 1).flatten(0, 1);  // [B·G,P,Dh]
+    Tensor seen_v = values.narrow(2, 0, pos + 1).flatten(0, 1);
+    Tensor scores = at::bmm(q, seen_k.transpose(1, 2)).to(dtype);  // [B·G,H/G,P]
+    Tensor probs = at::softmax(scores.mul_(scale), -1).to(wide);
+    Tensor y = at::bmm(probs, seen_v).to(dtype);  // [B·G,H/G,Dh]
+    Tensor h = x.add(packed_linear(y.view({b, n_q * dh}), packed[1], std::nullopt));
+    // FeedForward with the gate and up projections fused
+    Tensor gate_up = packed_linear(rms_norm(h, norm[1], layers.eps), packed[2], std::nullopt);
+    std::vector<Tensor> halves = gate_up.chunk(2, -1);
+    Tensor ffn = packed_linear(at::silu(halves[0]).mul(halves[1]), packed[3], std::nullopt);
+    x = h.add(ffn);
+  }
+  return x;
+}
+
+// sampling.sample for K < COUNTING_MIN_VOCAB: logits [B, K] -> [B] int64.
+Tensor sample(Tensor logits, const Tensor& temperature, const Tensor& top_p,
+              const Tensor& penalty, const std::optional<Tensor>& window, const Tensor& noise) {
+  const auto dtype = logits.scalar_type();
+  if (window.has_value()) {  // apply_repetition_penalty
+    Tensor index = window->to(at::kLong);  // [B, W]
+    Tensor score = logits.gather(-1, index).to(at::kFloat);
+    Tensor r = penalty.unsqueeze(1);  // [B, 1]
+    score = at::where(score.lt(0), score.mul(r), score.div(r)).to(dtype);
+    logits = logits.scatter(-1, index, score);
+  }
+  // top_p_filter_by_sorting
+  auto [sorted_logits, sorted_index] = at::sort(logits, -1, /*descending=*/true);
+  Tensor cum_probs = at::cumsum(at::softmax(sorted_logits, -1), -1);  // [B, K]
+  Tensor remove_sorted = cum_probs.gt(top_p.to(cum_probs.scalar_type()).unsqueeze(1));
+  remove_sorted.select(1, 0).fill_(false);
+  Tensor remove = remove_sorted.scatter(-1, sorted_index, remove_sorted);
+  logits = logits.masked_fill(remove, -std::numeric_limits<double>::infinity());
+  // apply_temperature, softmax, exponential_race
+  Tensor tau = temperature.clamp_min(kMinTemperature).unsqueeze(1);  // [B, 1]
+  logits = logits.to(at::kFloat).div(tau).to(dtype);
+  Tensor race = at::softmax(logits, -1).div(noise).to(at::kFloat);
+  return at::argmax(race, -1);
+}
+
+// generate.fast_codes: hidden [B, D], code0 [B] int64 -> codebooks 1..C-1 [B, C-1] int64.
+// windows [B, C+1, W] int64 or None; noise [B, C-1, K] in the model dtype.
+Tensor codebook_pass(const Tensor& hidden, const Tensor& code0, at::TensorList norms,
+                     at::TensorList packed, const c10::List<std::optional<Tensor>>& qkv_bias,
+                     const Tensor& final_norm, const Tensor& output, const Tensor& embeddings,
+                     const Tensor& rope, const Tensor& fast_k, const Tensor& fast_v,
+                     const Tensor& temperature, const Tensor& top_p, const Tensor& penalty,
+                     const std::optional<Tensor>& windows, const Tensor& noise, int64_t n_q,
+                     int64_t n_kv, int64_t dh, double eps) {
+  const int64_t n_layers = static_cast<int64_t>(qkv_bias.size());
+  TORCH_CHECK(static_cast<int64_t>(norms.size()) == kNormsPerLayer * n_layers,
+              "codebook_pass: expected ", kNormsPerLayer * n_layers, " norms");
+  TORCH_CHECK(static_cast<int64_t>(packed.size()) == kTensorsPerLayer * n_layers,
+              "codebook_pass: expected ", kTensorsPerLayer * n_layers, " packed weights");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) <= fast_k.size(1),
+              "codebook_pass: hidden must be [B, D] with B at most the cache's slots");
+  const Layers layers{std::vector<Tensor>(norms.begin(), norms.end()),
+                      std::vector<Tensor>(packed.begin(), packed.end()),
+                      qkv_bias,
+                      rope,
+                      fast_k,
+                      fast_v,
+                      n_q,
+                      n_kv,
+                      dh,
+                      eps};
+  const int64_t codebooks = fast_k.size(3);
+  decode_position(hidden, 0, layers);  // position 0: its logits are unused upstream
+  Tensor code = code0;
+  std::vector<Tensor> codes;
+  codes.reserve(codebooks - 1);
+  for (int64_t k = 1; k < codebooks; ++k) {
+    Tensor x = decode_position(at::embedding(embeddings, code), k, layers);  // [B, D]
+    Tensor logits = packed_linear(rms_norm(x, final_norm, eps), output, std::nullopt);  // [B, K]
+    std::optional<Tensor> window;
+    if (windows.has_value()) window = windows->select(1, k + 1);  // row k+1: codebook k
+    code = sample(logits, temperature, top_p, penalty, window, noise.select(1, k - 1));
+    codes.push_back(code);
+  }
+  return at::stack(codes, 1);
+}
+
+}  // namespace
+
+// A catch-all kernel: the packed weights are MkldnnCPU tensors, the rest plain CPU ones.
+TORCH_LIBRARY(streamtts_fused, m) {
+  m.def(
+      "codebook_pass(Tensor hidden, Tensor code0, Tensor[] norms, Tensor[] packed, "
+      "Tensor?[] qkv_bias, Tensor final_norm, Tensor output, Tensor embeddings, Tensor rope, "
+      "Tensor(a!) fast_k, Tensor(b!) fast_v, Tensor temperature, Tensor top_p, Tensor penalty, "
+      "Tensor? windows, Tensor noise, int n_q, int n_kv, int dh, float eps) -> Tensor",
+      &codebook_pass);
+}
