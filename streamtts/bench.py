@@ -368,8 +368,10 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         "device": str(device),
         "torch_threads": torch.get_num_threads(),
         "load_s": round(load_s, 1),
-        # "fused" (the C++ op, streamtts.models.fish.fused) or "python (why not fused)".
+        # Per half of the step: "fused" (a C++ op, streamtts.models.fish.fused) or
+        # "python (why not fused)".
         "codebook_pass": info["codebook_pass"],
+        "slow_step": info["slow_step"],
         "compile_s": round(sum(info["compile_s"].values()), 1),
         # Graphs compiled but timed no faster than eager at start, so run eager.
         "compiled_but_eager": info["compiled_but_eager"],

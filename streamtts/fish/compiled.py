@@ -197,8 +197,9 @@ class TimedSlowStep:
     """The slow step by batch size: one row, or more, each on its compiled graph or on the
     eager code, whichever was faster when timed at start (:func:`compile_slow_step`)."""
 
-    def __init__(self, compiled: SlowStep, eager_batches: set[int]) -> None:
+    def __init__(self, compiled: SlowStep, eager: SlowStep, eager_batches: set[int]) -> None:
         self.compiled = compiled
+        self.eager = eager
         self.eager_batches = eager_batches  # 1: one row; 2: any larger batch
 
     def __call__(
@@ -211,17 +212,21 @@ class TimedSlowStep:
         kv_len: int,
     ) -> SlowOutput:
         graph = min(2, int(tokens.shape[0]))
-        step = slow_step if graph in self.eager_batches else self.compiled
+        step = self.eager if graph in self.eager_batches else self.compiled
         return step(model, cache, tokens, slots, positions, kv_len)
 
 
 def compile_slow_step(
-    model: DualARTransformer, cache: KVCache, max_batch: int, timed: bool = False
+    model: DualARTransformer,
+    cache: KVCache,
+    max_batch: int,
+    timed: bool = False,
+    eager: SlowStep = slow_step,
 ) -> tuple[SlowStep, dict[str, float], list[str]]:
     """:func:`slow_step` compiled with dynamic batch size and cached length, compiled now: the
     step, the seconds its two graphs took (batch 1, and 2 standing for any larger batch), and
-    the graphs left unused. With ``timed`` each graph is timed against the eager step
-    (:func:`compare_ms`) and used only where faster.
+    the graphs left unused. With ``timed`` each graph is timed against ``eager`` (the Python
+    step, or the fused op) by :func:`compare_ms` and used only where faster.
 
     Warming up writes keys/values of junk tokens into the first slots at one position:
     harmless, as a slot's positions are written before they are read (prefill, or the step at
@@ -245,7 +250,7 @@ def compile_slow_step(
             continue
         step_args = (model, cache, tokens, slots, positions, 65)
         compiled_ms, eager_ms = compare_ms(
-            functools.partial(compiled, *step_args), functools.partial(slow_step, *step_args)
+            functools.partial(compiled, *step_args), functools.partial(eager, *step_args)
         )
         if compiled_ms >= eager_ms:
             eager_batches.add(batch)
@@ -258,9 +263,9 @@ def compile_slow_step(
         )
     unused = [f"slow_b{batch}" for batch in sorted(eager_batches)]
     if len(eager_batches) == len(compile_s):
-        return slow_step, compile_s, unused
+        return eager, compile_s, unused
     if eager_batches:
-        return TimedSlowStep(compiled, eager_batches), compile_s, unused
+        return TimedSlowStep(compiled, eager, eager_batches), compile_s, unused
     return compiled, compile_s, unused
 
 

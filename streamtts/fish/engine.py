@@ -283,7 +283,8 @@ class FishEngine(Engine):
                 "dtype": loaded.dtype,
                 "max_streams": loaded.generator.capacity,
                 "frame_s": loaded.frame_s,
-                "codebook_pass": loaded.generator.codebook_pass,
+                "codebook_pass": loaded.generator.decode_ops.codebook_pass,
+                "slow_step": loaded.generator.decode_ops.slow_step,
                 "compile_s": dict(loaded.generator.compile_s),
                 "compiled_but_eager": list(loaded.generator.eager_graphs),
             }

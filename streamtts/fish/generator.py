@@ -36,7 +36,7 @@ from streamtts.fish.prefixes import VoicePrefixes
 from streamtts.fish.scheduler import Scheduler
 from streamtts.fish.settings import FishSettings
 from streamtts.fish.slots import SlotPool
-from streamtts.models.fish.fused import PYTHON, codebook_pass_for
+from streamtts.models.fish.fused import PYTHON_OPS, DecodeOps, fused_decode_for
 from streamtts.models.fish.llm.generate import (
     FastCodes,
     RepetitionWindows,
@@ -131,7 +131,8 @@ class GeneratorWorker(Worker[_Command]):
         self._windows = RepetitionWindows(cache.slots, model.config.num_codebooks + 1, model.device)
         self._jobs: list[SegmentJob] = []
         self._fast: FastCodes = fast_codes
-        self.codebook_pass = PYTHON  # what runs it: "fused", or "python" and why (fused.py)
+        # The step's halves before any compile, and what runs each (models/fish/fused).
+        self.decode_ops: DecodeOps = PYTHON_OPS
         self._slow: SlowStep = slow_step
         self.compile_s: dict[str, float] = {}  # seconds per compiled graph
         self.eager_graphs: list[str] = []  # compiled, but measured no faster than eager
@@ -209,9 +210,8 @@ class GeneratorWorker(Worker[_Command]):
 
     def run(self) -> None:
         with self._device.worker_stream("generator"), torch.inference_mode():
-            self._fast, self.codebook_pass = codebook_pass_for(
-                self._model, self._settings.fused_codebook_pass
-            )
+            self.decode_ops = fused_decode_for(self._model, self._settings.fused_ops)
+            self._fast, self._slow = self.decode_ops.fast, self.decode_ops.slow
             if self._settings.compile:
                 self._compile()
             self._prefill_prefix()
@@ -252,7 +252,7 @@ class GeneratorWorker(Worker[_Command]):
             )
         if compiles_slow_step(model):
             self._slow, slow_s, slow_unused = compile_slow_step(
-                model, self._cache, self.capacity, timed=is_packed(model.layers)
+                model, self._cache, self.capacity, timed=is_packed(model.layers), eager=self._slow
             )
             self.compile_s.update(slow_s)
             self.eager_graphs += slow_unused

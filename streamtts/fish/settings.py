@@ -28,9 +28,10 @@ class FishSettings:
     cpu_threads: int = 0  # torch intra-op threads, process-wide (0: one per core)
     max_cached_voices: int = 16  # cloned voices whose prompt prefix is kept (LRU)
     compile: bool = False  # torch.compile the decode step at start (docs/operations.md)
-    # The codebook pass as one C++ op where the fast layers are packed (CPU), built at first
-    # start; the Python pass where it does not apply or cannot be built (docs/operations.md).
-    fused_codebook_pass: bool = True
+    # The slow step and the codebook pass as C++ ops where their layers are packed (CPU), built
+    # at first start; the Python code where they do not apply or cannot be built
+    # (docs/operations.md).
+    fused_ops: bool = True
 
     def __post_init__(self) -> None:
         require_bounds(

@@ -466,35 +466,38 @@ async def test_compile_keeps_a_packed_fp32_pass_packed_and_speaks_as_eager(
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled_frames, strict=True))
 
 
-async def test_the_fused_codebook_pass_speaks_as_the_python_pass() -> None:
-    """With ``dtype auto`` on the CPU the fast layers are packed and the engine runs the fused
-    op (:mod:`streamtts.models.fish.fused`, bit for bit the Python pass): seeded streams, alone
-    and two at once, say what they say with ``fused_codebook_pass`` off."""
+async def test_the_fused_ops_speak_as_the_python_code() -> None:
+    """With ``dtype auto`` on the CPU the layers are packed and the engine runs the fused ops
+    (:mod:`streamtts.models.fish.fused`, bit for bit the Python code): seeded streams, alone
+    and two at once, say what they say with ``fused_ops`` off."""
 
-    async def frames(settings: FishSettings) -> tuple[str, list[torch.Tensor]]:
+    async def frames(settings: FishSettings) -> tuple[list[str], list[torch.Tensor]]:
         engine = FishEngine("synthetic:tiny", settings)
         await engine.start()
         try:
             alone = await seeded_frames(engine, seed=5)
             together = await asyncio.gather(*(seeded_frames(engine, seed=s) for s in (6, 7)))
-            return engine.describe()["codebook_pass"], [*alone, *together[0], *together[1]]
+            info = engine.describe()
+            return [info["codebook_pass"], info["slow_step"]], [
+                *alone,
+                *together[0],
+                *together[1],
+            ]
         finally:
             await engine.stop()
 
     fused_what, fused_frames = await frames(FishSettings(max_streams=2))
-    python_what, python_frames = await frames(
-        FishSettings(max_streams=2, fused_codebook_pass=False)
-    )
-    assert fused_what == "fused"
-    assert python_what == "python (fused_codebook_pass is off)"
+    python_what, python_frames = await frames(FishSettings(max_streams=2, fused_ops=False))
+    assert fused_what == ["fused", "fused"]
+    assert python_what == ["python (fused_ops is off)"] * 2
     assert all(torch.equal(a, b) for a, b in zip(fused_frames, python_frames, strict=True))
 
 
-async def test_the_parity_mode_keeps_the_python_pass(engine: FishEngine) -> None:
-    """Explicit fp32 packs nothing, so the fused op (packed layers only) does not apply."""
-    assert (
-        engine.describe()["codebook_pass"] == "python (the gate and up projections are not fused)"
-    )
+async def test_the_parity_mode_keeps_the_python_code(engine: FishEngine) -> None:
+    """Explicit fp32 packs nothing, so the fused ops (packed layers only) do not apply."""
+    info = engine.describe()
+    unfused = "python (the gate and up projections are not fused)"
+    assert info["codebook_pass"] == info["slow_step"] == unfused
 
 
 async def test_cpu_engine_runs_all_torch_work_on_one_thread(engine: FishEngine) -> None:

@@ -384,6 +384,13 @@ class DualARTransformer(nn.Module):
 
     # ---- slow transformer -------------------------------------------------------------------
 
+    def decodes_attention_in_fp32(self, device: torch.device) -> bool:
+        """Whether :meth:`decode_slow` attends by :func:`decode_attention` (else by SDPA), for
+        tokens on ``device`` (:attr:`decode_kernel`)."""
+        return self.decode_kernel == "fp32" or (
+            self.decode_kernel == "auto" and device.type == "cpu" and self.dtype != torch.float32
+        )
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token columns [B, C+1, S] → [B, S, D] (spec §2.3)."""
         tokens = tokens.long()
@@ -482,11 +489,7 @@ class DualARTransformer(nn.Module):
         kv_len = padded_kv_len(kv_len, cache.max_seq_len)
         key_pos = torch.arange(kv_len, device=tokens.device)  # [L]
         mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]  # [B,1,1,L]
-        explicit = self.decode_kernel == "fp32" or (
-            self.decode_kernel == "auto"
-            and tokens.device.type == "cpu"
-            and self.dtype != torch.float32
-        )
+        explicit = self.decodes_attention_in_fp32(tokens.device)
         bias = attention_bias(mask, torch.float32) if explicit else mask  # [B,1,1,L]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

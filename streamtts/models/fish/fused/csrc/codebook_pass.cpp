@@ -4,40 +4,29 @@
 // (streamtts.models.fish.llm.generate.fast_codes over packed layers: DualARTransformer.fast_step,
 // TransformerBlock.decode_position, sampling.sample with top-p by sorting), so every result bit
 // is the Python pass's. What it removes is the interpreter between ~1100 small kernels a frame.
-// Built at first use by streamtts/models/fish/fused.py. Shapes: B batch, D model dim, H query
-// heads, G KV heads, Dh head dim, C codebooks, K codebook size, W repetition window, L layers.
+// Built at first use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model dim,
+// H query heads, G KV heads, Dh head dim, C codebooks, K codebook size, W repetition window,
+// L layers.
 
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "packed_ops.h"
+
 namespace {
 
 using at::Tensor;
+using streamtts_fused::check_layers;
+using streamtts_fused::feed_forward;
+using streamtts_fused::kNormsPerLayer;
+using streamtts_fused::kTensorsPerLayer;
+using streamtts_fused::packed_linear;
+using streamtts_fused::rms_norm;
 
-constexpr int64_t kTensorsPerLayer = 4;  // wqkv, wo, w13, w2 (packed)
-constexpr int64_t kNormsPerLayer = 2;    // attention_norm, ffn_norm
 constexpr double kMinTemperature = 1e-5;  // sampling.MIN_TEMPERATURE
-
-// oneDNN's linear on a weight packed by mkldnn::_reorder_linear_weight: [B, in] -> [B, out].
-Tensor packed_linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-          .typed<Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&,
-                        c10::string_view, c10::List<std::optional<c10::Scalar>>,
-                        std::optional<c10::string_view>)>();
-  return op.call(x, packed, bias, "none", c10::List<std::optional<c10::Scalar>>(), std::nullopt);
-}
-
-// RMSNorm.forward: normalised in fp32 and rounded once (at::rms_norm), then times the weight.
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
-  return at::rms_norm(x, {x.size(-1)}, std::nullopt, eps).mul(weight);
-}
 
 struct Layers {
   std::vector<Tensor> norms;   // [2L] of [D]
@@ -79,11 +68,7 @@ Tensor decode_position(Tensor x, int64_t pos, const Layers& layers) {
     Tensor probs = at::softmax(scores.mul_(scale), -1).to(wide);
     Tensor y = at::bmm(probs, seen_v).to(dtype);  // [B·G,H/G,Dh]
     Tensor h = x.add(packed_linear(y.view({b, n_q * dh}), packed[1], std::nullopt));
-    // FeedForward with the gate and up projections fused
-    Tensor gate_up = packed_linear(rms_norm(h, norm[1], layers.eps), packed[2], std::nullopt);
-    std::vector<Tensor> halves = gate_up.chunk(2, -1);
-    Tensor ffn = packed_linear(at::silu(halves[0]).mul(halves[1]), packed[3], std::nullopt);
-    x = h.add(ffn);
+    x = h.add(feed_forward(rms_norm(h, norm[1], layers.eps), packed[2], packed[3]));
   }
   return x;
 }
@@ -123,10 +108,7 @@ Tensor codebook_pass(const Tensor& hidden, const Tensor& code0, at::TensorList n
                      const std::optional<Tensor>& windows, const Tensor& noise, int64_t n_q,
                      int64_t n_kv, int64_t dh, double eps) {
   const int64_t n_layers = static_cast<int64_t>(qkv_bias.size());
-  TORCH_CHECK(static_cast<int64_t>(norms.size()) == kNormsPerLayer * n_layers,
-              "codebook_pass: expected ", kNormsPerLayer * n_layers, " norms");
-  TORCH_CHECK(static_cast<int64_t>(packed.size()) == kTensorsPerLayer * n_layers,
-              "codebook_pass: expected ", kTensorsPerLayer * n_layers, " packed weights");
+  check_layers("codebook_pass", norms, packed, n_layers);
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) <= fast_k.size(1),
               "codebook_pass: hidden must be [B, D] with B at most the cache's slots");
   const Layers layers{std::vector<Tensor>(norms.begin(), norms.end()),
@@ -158,7 +140,7 @@ Tensor codebook_pass(const Tensor& hidden, const Tensor& code0, at::TensorList n
 }  // namespace
 
 // A catch-all kernel: the packed weights are MkldnnCPU tensors, the rest plain CPU ones.
-TORCH_LIBRARY(streamtts_fused, m) {
+TORCH_LIBRARY_FRAGMENT(streamtts_fused, m) {
   m.def(
       "codebook_pass(Tensor hidden, Tensor code0, Tensor[] norms, Tensor[] packed, "
       "Tensor?[] qkv_bias, Tensor final_norm, Tensor output, Tensor embeddings, Tensor rope, "

@@ -1,0 +1,132 @@
+// The slow transformer's decode step of Fish-Speech 1.5 as one op: streamtts_fused::slow_step.
+//
+// The same ATen calls, in the same order and with the same arguments, as the Python step
+// (streamtts.models.fish.llm.llama.DualARTransformer.decode_slow over packed layers: embed,
+// the RoPE rows of each row's position, every block with its KV written at (slot, position),
+// attention by decode_attention or SDPA, the head), so every result bit is the Python step's.
+// It removes the interpreter between the ~30 kernels of each of the 24 layers. Built at first
+// use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model dim, V vocabulary,
+// H query heads, G KV heads, Dh head dim, C codebooks, L keys read (padded kv_len).
+
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <ATen/TensorIndexing.h>
+
+#include "packed_ops.h"
+
+namespace {
+
+using at::Tensor;
+using at::indexing::Slice;
+using streamtts_fused::check_layers;
+using streamtts_fused::feed_forward;
+using streamtts_fused::kNormsPerLayer;
+using streamtts_fused::kTensorsPerLayer;
+using streamtts_fused::packed_linear;
+using streamtts_fused::rms_norm;
+
+// DualARTransformer.embed: token columns [B, C+1, S] -> [B, S, D].
+Tensor embed(const Tensor& tokens_in, const Tensor& embeddings, const Tensor& codebook_embeddings,
+             int64_t codebook_size, int64_t semantic_begin, int64_t semantic_end) {
+  const Tensor tokens = tokens_in.to(at::kLong);
+  const int64_t c = tokens.size(1) - 1;
+  const Tensor row0 = tokens.select(1, 0);         // [B,S]
+  Tensor text = at::embedding(embeddings, row0);  // [B,S,D]
+  const auto long_options = at::TensorOptions().device(tokens.device()).dtype(at::kLong);
+  Tensor offsets = at::arange(c, long_options).unsqueeze(0).unsqueeze(2).mul(codebook_size);
+  Tensor vq = at::embedding(codebook_embeddings, tokens.narrow(1, 1, c).add(offsets));  // [B,C,S,D]
+  Tensor vq_sum = vq.sum(1);  // [B,S,D]
+  Tensor is_semantic = row0.ge(semantic_begin).bitwise_and(row0.le(semantic_end));
+  return text.add(at::where(is_semantic.unsqueeze(-1), vq_sum, at::Scalar(0.0)));
+}
+
+// tokens [B, C+1, 1]; slots, positions [B] int64; kv_len the padded number of keys read.
+// Writes each layer's key and value at (slot, position) of cache_k/cache_v [L, slots, G, T, Dh].
+// output: the packed head, or none for tied embeddings. -> (logits [B, V], hidden [B, D]).
+std::tuple<Tensor, Tensor> slow_step(
+    const Tensor& tokens, const Tensor& slots, const Tensor& positions, int64_t kv_len,
+    at::TensorList norms, at::TensorList packed, const c10::List<std::optional<Tensor>>& qkv_bias,
+    const Tensor& final_norm, const std::optional<Tensor>& output, const Tensor& embeddings,
+    const Tensor& codebook_embeddings, const Tensor& rope, const Tensor& cache_k,
+    const Tensor& cache_v, int64_t codebook_size, int64_t semantic_begin, int64_t semantic_end,
+    int64_t n_q, int64_t n_kv, int64_t dh, double eps, bool fp32_attention) {
+  const int64_t b = tokens.size(0);
+  const int64_t n_layers = static_cast<int64_t>(qkv_bias.size());
+  check_layers("slow_step", norms, packed, n_layers);
+  TORCH_CHECK(tokens.dim() == 3 && tokens.size(2) == 1, "slow_step: tokens must be [B, C+1, 1]");
+  TORCH_CHECK(slots.size(0) == b && positions.size(0) == b,
+              "slow_step: one slot and one position per row");
+  TORCH_CHECK(kv_len > 0 && kv_len <= cache_k.size(3), "slow_step: kv_len out of the cache");
+  const auto device = tokens.device();
+  Tensor key_pos = at::arange(kv_len, at::TensorOptions().device(device).dtype(at::kLong));
+  Tensor mask = key_pos.unsqueeze(0).le(positions.unsqueeze(1)).unsqueeze(1).unsqueeze(1);  // [B,1,1,L]
+  Tensor bias;  // attention_bias: 0 or -inf, fp32
+  if (fp32_attention) {
+    bias = at::zeros(mask.sizes(), at::TensorOptions().device(device).dtype(at::kFloat))
+               .masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  Tensor x = embed(tokens, embeddings, codebook_embeddings, codebook_size, semantic_begin,
+                   semantic_end);  // [B,1,D]
+  const Tensor table = rope.index({positions}).unsqueeze(1);  // [B,1,2,Dh]
+  const Tensor cos = table.select(2, 0).unsqueeze(2);         // [B,1,1,Dh] (apply_rope)
+  const Tensor sin = table.select(2, 1).unsqueeze(2);
+  const int64_t q_dim = n_q * dh, kv_dim = n_kv * dh, heads = n_q + n_kv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  const auto dtype = x.scalar_type();
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const Tensor* norm = &norms[kNormsPerLayer * l];
+    const Tensor* w = &packed[kTensorsPerLayer * l];
+    // Attention.forward at one position per row
+    Tensor qkv = packed_linear(rms_norm(x, norm[0], eps), w[0], qkv_bias.get(l));  // [B,1,(H+2G)Dh]
+    std::vector<Tensor> parts = qkv.split_with_sizes({q_dim + kv_dim, kv_dim}, -1);
+    Tensor x32 = parts[0].reshape({b, 1, heads, dh}).to(at::kFloat);
+    Tensor swapped = x32.reshape({b, 1, heads, -1, 2}).flip({-1}).flatten(-2);
+    Tensor qk = x32.mul(cos).add(swapped.mul(sin)).to(dtype);  // [B,1,H+G,Dh]
+    std::vector<Tensor> qk_parts = qk.split_with_sizes({n_q, n_kv}, 2);
+    Tensor q = qk_parts[0].transpose(1, 2);  // [B,H,1,Dh]
+    Tensor k = qk_parts[1].transpose(1, 2);  // [B,G,1,Dh]
+    Tensor v = parts[1].view({b, 1, n_kv, dh}).transpose(1, 2);
+    // Written through the whole cache, as decode_slow writes it.
+    Tensor layer_index = at::full_like(slots, l);
+    Tensor(cache_k).index_put_({layer_index, slots, Slice(), positions}, k.select(2, 0));
+    Tensor(cache_v).index_put_({layer_index, slots, Slice(), positions}, v.select(2, 0));
+    Tensor keys = cache_k.select(0, l).narrow(2, 0, kv_len).index_select(0, slots);  // [B,G,L,Dh]
+    Tensor values = cache_v.select(0, l).narrow(2, 0, kv_len).index_select(0, slots);
+    Tensor y;  // [B,H,1,Dh]
+    if (fp32_attention) {  // decode_attention
+      Tensor grouped = q.to(at::kFloat).view({b, n_kv, n_q / n_kv, dh});  // [B,G,H/G,Dh]
+      Tensor scores =
+          at::matmul(grouped, keys.to(at::kFloat).transpose(-1, -2)).mul(scale).add(bias);
+      y = at::matmul(at::softmax(scores, -1), values.to(at::kFloat))
+              .view({b, n_q, 1, dh})
+              .to(q.scalar_type());
+    } else {
+      y = at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, std::nullopt,
+                                           n_q != keys.size(1));
+    }
+    Tensor h = x.add(packed_linear(y.transpose(1, 2).reshape({b, 1, q_dim}), w[1], std::nullopt));
+    x = h.add(feed_forward(rms_norm(h, norm[1], eps), w[2], w[3]));
+  }
+  Tensor hidden = x.select(1, 0);  // [B,D]
+  Tensor normed = rms_norm(hidden, final_norm, eps);
+  Tensor logits = output.has_value() ? packed_linear(normed, *output, std::nullopt)
+                                     : at::linear(normed, embeddings);  // [B,V]
+  return {logits, hidden};
+}
+
+}  // namespace
+
+// A catch-all kernel: the packed weights are MkldnnCPU tensors, the rest plain CPU ones.
+TORCH_LIBRARY_FRAGMENT(streamtts_fused, m) {
+  m.def(
+      "slow_step(Tensor tokens, Tensor slots, Tensor positions, int kv_len, Tensor[] norms, "
+      "Tensor[] packed, Tensor?[] qkv_bias, Tensor final_norm, Tensor? output, "
+      "Tensor embeddings, Tensor codebook_embeddings, Tensor rope, Tensor(a!) cache_k, "
+      "Tensor(b!) cache_v, int codebook_size, int semantic_begin, int semantic_end, int n_q, "
+      "int n_kv, int dh, float eps, bool fp32_attention) -> (Tensor, Tensor)",
+      &slow_step);
+}

@@ -1,0 +1,89 @@
+"""Building and loading the fused decode ops' library (``csrc/``).
+
+The library is compiled from its sources at first use (``torch.utils.cpp_extension``: a C++
+compiler and ninja, about 20-40 s once on the 2-core dev CPU) into
+``<TORCH_EXTENSIONS_DIR>/streamtts_fused-<key>`` (``$XDG_CACHE_HOME/torch_extensions`` by
+default), the key naming the sources, the flags and torch's version; a later start, or another
+process, loads it from there with no compiler. Where it cannot be built, the caller gets
+:class:`FusedUnavailable` with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import time
+import types
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = (CSRC / "codebook_pass.cpp", CSRC / "slow_step.cpp")
+HEADERS = (CSRC / "packed_ops.h",)
+LIBRARY_NAME = "streamtts_fused"
+# No -march=native: a library built once may be loaded on another x86-64 host (a shared cache
+# volume); the ops' arithmetic is all in ATen's own kernels anyway.
+BUILD_FLAGS = ("-O2",)
+
+
+class FusedUnavailable(RuntimeError):
+    """A fused op does not apply to this model, or the library cannot be built here."""
+
+
+def _cpp_extension() -> types.ModuleType:
+    # Imported when needed: it imports setuptools, which a server on CUDA never needs.
+    try:
+        from torch.utils import cpp_extension
+    except ImportError as exc:  # no setuptools
+        raise FusedUnavailable(f"torch.utils.cpp_extension is unavailable: {exc}") from exc
+    return cpp_extension
+
+
+def library_path() -> Path:
+    """Where the library for these sources, these flags and this torch is kept."""
+    digest = hashlib.sha256()
+    for source in (*SOURCES, *HEADERS):
+        digest.update(source.read_bytes())
+    digest.update(" ".join(BUILD_FLAGS).encode())
+    digest.update(torch.__version__.encode())
+    # torch's own convention for extensions (TORCH_EXTENSIONS_DIR, else the user cache).
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or _cpp_extension().get_default_build_root())
+    return root / f"{LIBRARY_NAME}-{digest.hexdigest()[:16]}" / f"{LIBRARY_NAME}.so"
+
+
+@functools.cache
+def load_library() -> None:
+    """Load the ops' library, building it first where none is kept (once per process)."""
+    library = library_path()
+    if library.exists():
+        try:
+            torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
+        except OSError as exc:  # e.g. built against another libtorch under the same key
+            raise FusedUnavailable(f"loading {library} failed: {exc}") from exc
+        return
+    # Built in a directory of this process's own, then moved into place in one rename: a
+    # process starting meanwhile sees the whole library or none.
+    build = library.parent / f"build-{os.getpid()}"
+    log.info("building the fused decode ops (once, ~20-40 s) into %s", library.parent)
+    started_s = time.perf_counter()
+    try:
+        build.mkdir(parents=True, exist_ok=True)
+        _cpp_extension().load(
+            name=LIBRARY_NAME,
+            sources=[str(source) for source in SOURCES],
+            extra_cflags=list(BUILD_FLAGS),
+            build_directory=str(build),
+            is_python_module=False,
+            verbose=False,
+        )
+    except (OSError, RuntimeError, ImportError) as exc:  # no compiler or ninja: a clear reason
+        raise FusedUnavailable(f"building {LIBRARY_NAME} failed: {exc}") from exc
+    os.replace(build / f"{LIBRARY_NAME}.so", library)
+    shutil.rmtree(build, ignore_errors=True)
+    log.info("built the fused decode ops in %.1f s", time.perf_counter() - started_s)
