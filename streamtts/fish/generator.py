@@ -153,7 +153,7 @@ class GeneratorWorker(Worker[_Command]):
 
     @property
     def slow(self) -> SlowStep:
-        """The slow transformer's step decode steps use: eager, or compiled."""
+        """The slow transformer's step decode steps use: the fused op or Python, or compiled."""
         return self._slow
 
     @property
