@@ -164,6 +164,32 @@ def test_fish_image_has_no_gpl_code(fish_image: str) -> None:
     assert "wrote /tmp/out.wav" in fish
 
 
+# In the image: pack a tiny model as `dtype auto` does on the CPU, then ask which decode ops run.
+FUSED_OPS_PROBE = """
+import shutil, torch
+from streamtts.models.fish.fused import fused_decode_for
+from streamtts.models.fish.llm.llama import fuse_gate_up_
+from streamtts.models.fish.llm.synthetic import load_synthetic
+from streamtts.models.fish.packed import pack_linears_
+model = load_synthetic("tiny", torch.float32, "cpu", seed=1).model
+fuse_gate_up_(model)
+pack_linears_(model)
+ops = fused_decode_for(model, enabled=True)
+print(shutil.which("g++"), shutil.which("ninja"), ops.codebook_pass, ops.slow_step, sep="|")
+"""
+
+
+@pytest.mark.parametrize("variable", ["STREAMTTS_TEST_IMAGE", "STREAMTTS_TEST_FISH_IMAGE"])
+def test_the_fused_ops_come_built(variable: str) -> None:
+    """No compiler in the image, yet the fused decode ops run: built at image build time and
+    loaded from TORCH_EXTENSIONS_DIR under a read-only root, with no network."""
+    probe = podman(
+        "run", "--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp",
+        "--entrypoint", "python3", image(variable), "-c", FUSED_OPS_PROBE,
+    )  # fmt: skip
+    assert probe.strip().splitlines()[-1] == "None|None|fused|fused", probe
+
+
 def healthy(container: str) -> bool:
     """The image's HEALTHCHECK, run now (this machine has no systemd to run it on a timer)."""
     return subprocess.run(["podman", "healthcheck", "run", container], check=False).returncode == 0

@@ -87,3 +87,11 @@ def load_library() -> None:
     os.replace(build / f"{LIBRARY_NAME}.so", library)
     shutil.rmtree(build, ignore_errors=True)
     log.info("built the fused decode ops in %.1f s", time.perf_counter() - started_s)
+
+
+if __name__ == "__main__":
+    # An image build runs this file by path (no package import, so no dependency but torch):
+    # it builds the library where TORCH_EXTENSIONS_DIR says, for an image without a compiler.
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    load_library()
+    print(library_path())
