@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from streamtts import hugepages
 from streamtts.engine.base import SynthesisOptions
 from streamtts.fish.devices import choose_device
 from streamtts.fish.engine import FishEngine, ModelPasses
@@ -305,6 +306,10 @@ async def end_to_end(engine: FishEngine, repeats: int) -> dict[str, float]:
     return {"frames_per_s": frames / wall_s, "ttfa_ms_p50": ttfa_ms}
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -368,6 +373,8 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         "device": str(device),
         "torch_threads": torch.get_num_threads(),
         "load_s": round(load_s, 1),
+        # The process on transparent huge pages once loaded (streamtts.hugepages), MB.
+        "huge_pages_mb": _rounded(hugepages.huge_pages_mb()),
         # Per half of the step: "fused" (a C++ op, streamtts.models.fish.fused) or
         # "python (why not fused)".
         "codebook_pass": info["codebook_pass"],

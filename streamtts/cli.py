@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from streamtts import hugepages
 from streamtts.config import Settings, SettingsError
 from streamtts.engine.base import InvalidOptionError, UnknownVoiceError
 from streamtts.engine.factory import ModelSpecError
@@ -17,6 +18,7 @@ from streamtts.options import OptionError
 
 
 def main(argv: list[str] | None = None) -> int:
+    hugepages.default_on()  # before anything imports torch
     parser = _parser()
     args = parser.parse_args(argv)
     try:
