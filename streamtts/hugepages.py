@@ -48,3 +48,19 @@ def huge_pages_mb(smaps_rollup: Path = SMAPS_ROLLUP) -> float | None:
         return None
     found = re.search(r"^AnonHugePages:\s+(\d+) kB$", text, re.MULTILINE)
     return int(found.group(1)) / 1024 if found else 0.0
+
+
+def summary(
+    environ: MutableMapping[str, str] = os.environ,
+    mode_file: Path = THP_MODE,
+    smaps_rollup: Path = SMAPS_ROLLUP,
+) -> str:
+    """One line for the server's start log: what torch was told, what the kernel allows, and
+    how much of the process is on huge pages."""
+    mode = kernel_mode(mode_file) or "unknown"
+    held_mb = huge_pages_mb(smaps_rollup)
+    held = "unknown" if held_mb is None else f"{held_mb:.0f} MB"
+    return (
+        f"huge pages: {held} of the process ({THP_ENV}={environ.get(THP_ENV, 'unset')}, "
+        f"kernel THP mode {mode})"
+    )

@@ -70,3 +70,20 @@ def test_the_kernel_mode_and_the_process_figure_are_read_from_their_files(tmp_pa
     rollup.write_text("Rss:  2062668 kB\nAnonHugePages:   1110016 kB\nShmemHugePages: 0 kB\n")
     assert hugepages.huge_pages_mb(rollup) == 1110016 / 1024
     assert hugepages.huge_pages_mb(tmp_path / "absent") is None
+
+
+def test_the_start_log_line_says_what_torch_was_told_and_what_the_kernel_allows(
+    tmp_path: Path,
+) -> None:
+    mode = tmp_path / "enabled"
+    mode.write_text("always madvise [never]\n")
+    rollup = tmp_path / "smaps_rollup"
+    rollup.write_text("AnonHugePages:   2048 kB\n")
+    told = {hugepages.THP_ENV: "1"}
+    assert hugepages.summary(told, mode, rollup) == (
+        "huge pages: 2 MB of the process (THP_MEM_ALLOC_ENABLE=1, kernel THP mode never)"
+    )
+    absent = tmp_path / "absent"
+    assert hugepages.summary({}, absent, absent) == (
+        "huge pages: unknown of the process (THP_MEM_ALLOC_ENABLE=unset, kernel THP mode unknown)"
+    )

@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from streamtts import hugepages
 from streamtts.config import Settings
 from streamtts.engine.base import Engine
 from streamtts.engine.factory import create_engine
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             "voices: %d offered (library %s)", len(state.voices.listing()), state.voices.directory
         )
         await asyncio.to_thread(release_freed_heap)  # what loading copied and dropped
+        log.info("%s", hugepages.summary())
         rescans = asyncio.create_task(state.voices.run_rescans(), name="voice-rescans")
         lifecycle.ready = True
         log.info("ready: engine %s at %d Hz", state.engine.name, state.engine.sample_rate)
