@@ -379,6 +379,10 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         # "python (why not fused)".
         "codebook_pass": info["codebook_pass"],
         "slow_step": info["slow_step"],
+        # What multiplies the fast and the slow layers' weights: "row_linear" (AVX512-BF16, the
+        # pairs layout), "onednn" (packed) or "aten" (streamtts.models.fish.fused.pairs).
+        "fast_products": info["fast_products"],
+        "slow_products": info["slow_products"],
         "compile_s": round(sum(info["compile_s"].values()), 1),
         # Graphs compiled but timed no faster than eager at start, so run eager.
         "compiled_but_eager": info["compiled_but_eager"],

@@ -22,7 +22,13 @@ PROFILED_PASSES = 20
 TOP_OPS = 15
 # The ops a linear layer runs as, by kind: plain, oneDNN-packed, int8 weight-only.
 MATRIX_PRODUCT_OPS = frozenset(
-    {"aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "aten::_weight_int8pack_mm"}
+    {
+        "aten::addmm",
+        "aten::mm",
+        "mkldnn::_linear_pointwise",
+        "aten::_weight_int8pack_mm",
+        "streamtts_fused::row_linear",
+    }
 )
 
 

@@ -54,6 +54,7 @@ from streamtts.fish.spec import FishSpec
 from streamtts.fish.vocoder import VocoderStream, VocoderWorker
 from streamtts.models.fish.codec.encoder import FireflyEncoder, encode_reference
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
+from streamtts.models.fish.fused.pairs import products
 from streamtts.models.fish.llm.generate import FastCodes, SlowStep
 from streamtts.models.fish.llm.llama import DualARTransformer
 from streamtts.models.fish.llm.prompt import PromptBuilder
@@ -94,6 +95,8 @@ class _Loaded:
     sample_rate: int
     device: torch.device
     dtype: str
+    fast_products: str
+    slow_products: str
 
 
 class FishEngine(Engine):
@@ -172,6 +175,8 @@ class FishEngine(Engine):
             sample_rate=decoder.sample_rate,
             device=device,
             dtype=describe_dtype(model),
+            fast_products=products(model.fast_layers),
+            slow_products=products(model.layers),
         )
 
     async def _warm_up(self) -> None:
@@ -284,6 +289,8 @@ class FishEngine(Engine):
                 "max_streams": loaded.generator.capacity,
                 "frame_s": loaded.frame_s,
                 "codebook_pass": loaded.generator.decode_ops.codebook_pass,
+                "fast_products": loaded.fast_products,
+                "slow_products": loaded.slow_products,
                 "slow_step": loaded.generator.decode_ops.slow_step,
                 "compile_s": dict(loaded.generator.compile_s),
                 "compiled_but_eager": list(loaded.generator.eager_graphs),

@@ -19,11 +19,12 @@ from streamtts.models.fish.codec.config import VocoderConfig
 from streamtts.models.fish.codec.decoder import FireflyDecoder
 from streamtts.models.fish.codec.encoder import FireflyEncoder
 from streamtts.models.fish.codec.firefly import GENERATOR_FILENAME, load_firefly
+from streamtts.models.fish.fused.pairs import pair_linears_, pairs_for_prompts, why_not_paired
 from streamtts.models.fish.llm.checkpoint import FishLLM, load_fish_llm
 from streamtts.models.fish.llm.llama import DualARTransformer, fuse_gate_up_
 from streamtts.models.fish.llm.quantize import quantize_int8_
 from streamtts.models.fish.llm.synthetic import load_synthetic
-from streamtts.models.fish.packed import can_pack, pack_linears_
+from streamtts.models.fish.packed import can_pack, pack_linears_, packs
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +77,21 @@ def file_fingerprint(path: Path, edge_bytes: int = 1 << 22) -> str:
 def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
     """Ready the weights for the dtype setting: int8 layers, or oneDNN-packed layers on the
     CPU — bf16 where it has the kernels, and the fp32 that ``auto`` picks where it has not
-    (explicit ``fp32`` stays on upstream's kernels: the parity mode). Compiled graphs call
-    the packed layers as they are (:mod:`streamtts.fish.compiled`)."""
+    (explicit ``fp32`` stays on upstream's kernels: the parity mode). With the fused ops on,
+    bf16 layers go in the pairs layout where the CPU has AVX512-BF16 (the slow ones only
+    without AMX: :mod:`streamtts.models.fish.fused.pairs`). Compiled graphs call the packed
+    layers as they are (:mod:`streamtts.fish.compiled`)."""
     if settings.dtype == INT8:
         fuse_gate_up_(model)
         quantize_int8_(model)
     elif can_pack(model, fp32=not settings.parity):
         fuse_gate_up_(model)
+        if settings.fused_ops and packs(model.device, model.dtype):
+            if (why_not := why_not_paired()) is None:
+                paired = pair_linears_(model, slow=pairs_for_prompts())
+                log.info("%d linear layers in the pairs layout (row_linear, AVX512-BF16)", paired)
+            else:
+                log.info("the linear layers stay on oneDNN: %s", why_not)
         packed = pack_linears_(model)
         log.info("packed %d linear layers into oneDNN's layout", packed)
 

@@ -22,6 +22,9 @@ fp32: ``F.linear`` runs MKL's fp32 kernel there, which reads a weight beyond the
 summing). The kernel differs, so the results differ by fp32 roundings (about 1e-4 absolute on
 unit-scale rows): explicit ``fp32``, the bit-exact parity mode, keeps ``F.linear``.
 
+On a CPU with AVX512-BF16 the fused ops' library holds bf16 weights in a layout of its own
+instead, with its own kernel (``PairedLinear``, :mod:`streamtts.models.fish.fused.pairs`).
+
 Under ``torch.compile`` a packed layer is one opaque op (:func:`packed_linear`): inductor lowers
 oneDNN's linear only for weights it packed itself (frozen constants), so the compiled codebook
 pass calls the same kernel on the same packed weight as eager and fuses only the ops around it.
@@ -61,9 +64,13 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = (int(n) for n in weight.shape)
         self.weight_bytes = weight.numel() * weight.element_size()
-        # The batch-size hint only picks the blocking; any row count is accepted afterwards.
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+        self.packed = self._pack(weight.detach())
         self.register_buffer("bias", None if bias is None else bias.detach())
+
+    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
+        # The batch-size hint only picks the blocking; any row count is accepted afterwards.
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        return packed
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedLinear:

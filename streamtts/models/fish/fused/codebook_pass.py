@@ -6,7 +6,8 @@ dev CPU (bf16, AMX, 2026-12-05) the pass took 60-64 ms where its 135 products al
 The op makes the same ATen calls in the same order from C++, so its codes, KV-cache writes and
 every result bit are the Python pass's (tested), in 44-49 ms. It applies where the fast layers
 are packed for oneDNN (:mod:`streamtts.models.fish.packed`: bf16 on a CPU with native bf16, the
-fp32 of ``dtype auto`` on one without) and the codebook is sampled by sorting (K < 8192).
+fp32 of ``dtype auto`` on one without) or paired (:mod:`~.pairs`: bf16 with AVX512-BF16), and
+the codebook is sampled by sorting (K < 8192).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ class LayerWeights:
     """Per block, in the order ``csrc/packed_ops.h`` reads them."""
 
     norms: list[torch.Tensor]  # [2L]: attention_norm, ffn_norm
-    packed: list[torch.Tensor]  # [4L]: wqkv, wo, w13, w2 (oneDNN's layout)
+    packed: list[torch.Tensor]  # [4L]: wqkv, wo, w13, w2 (oneDNN's layout, or pairs.py's)
     qkv_bias: list[torch.Tensor | None]  # [L]
     heads: tuple[int, int, int]  # H query heads, G KV heads, Dh head dim
 

@@ -24,12 +24,14 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "codebook_pass.cpp", CSRC / "slow_step.cpp")
+SOURCES = (CSRC / "codebook_pass.cpp", CSRC / "slow_step.cpp", CSRC / "row_linear.cpp")
 HEADERS = (CSRC / "packed_ops.h",)
 LIBRARY_NAME = "streamtts_fused"
 # No -march=native: a library built once may be loaded on another x86-64 host (a shared cache
-# volume); the ops' arithmetic is all in ATen's own kernels anyway.
-BUILD_FLAGS = ("-O2",)
+# volume); row_linear's AVX512-BF16 code is compiled for that target alone and runs only where
+# the CPU has it. OpenMP: row_linear's at::parallel_for runs on torch's own threads (its
+# libgomp, by soname), so torch.set_num_threads sizes it.
+BUILD_FLAGS = ("-O2", "-fopenmp")
 
 
 class FusedUnavailable(RuntimeError):
@@ -78,6 +80,7 @@ def load_library() -> None:
             name=LIBRARY_NAME,
             sources=[str(source) for source in SOURCES],
             extra_cflags=list(BUILD_FLAGS),
+            extra_ldflags=["-fopenmp"],
             build_directory=str(build),
             is_python_module=False,
             verbose=False,

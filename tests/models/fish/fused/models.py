@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from streamtts.models.fish.fused.pairs import pair_linears_, why_not_paired
 from streamtts.models.fish.llm.checkpoint import build_model, load_fish_llm
 from streamtts.models.fish.llm.config import FishConfig
 from streamtts.models.fish.llm.llama import DualARTransformer, fuse_gate_up_
@@ -42,10 +43,28 @@ def with_biases_and_a_tied_head(dtype: torch.dtype) -> DualARTransformer:
     return build_model(state, config, synthetic_tokenizer("tiny"), dtype, "cpu")
 
 
+def paired(model: DualARTransformer) -> DualARTransformer:
+    """Packed, with every layer that fits in the pairs layout (as bf16 serves with
+    AVX512-BF16 and no AMX)."""
+    fuse_gate_up_(model)
+    assert pair_linears_(model, slow=True) > 0
+    return packed(model)
+
+
 def variants(dtype: torch.dtype) -> dict[str, DualARTransformer]:
-    """Each packed (gate and up fused, products in oneDNN's layout)."""
-    return {
+    """Each packed (gate and up fused, products in oneDNN's layout); for bf16 on a CPU with
+    AVX512-BF16 also with the layers paired (row_linear)."""
+    models = {
         "synthetic": packed(tiny(dtype)),
         "biases, tied head": packed(with_biases_and_a_tied_head(dtype)),
         "fixture": packed(load_fish_llm(require_dir(fixture_dir()), dtype, "cpu").model),
     }
+    if dtype == torch.bfloat16 and why_not_paired() is None:
+        models |= {
+            "synthetic, paired": paired(tiny(dtype)),
+            "biases, tied head, paired": paired(with_biases_and_a_tied_head(dtype)),
+            "fixture, paired": paired(
+                load_fish_llm(require_dir(fixture_dir()), dtype, "cpu").model
+            ),
+        }
+    return models

@@ -11,10 +11,23 @@ using at::Tensor;
 constexpr int64_t kTensorsPerLayer = 4;  // wqkv, wo, w13, w2 (packed)
 constexpr int64_t kNormsPerLayer = 2;    // attention_norm, ffn_norm
 
-// oneDNN's linear on a weight packed by mkldnn::_reorder_linear_weight: [..., in] -> [..., out]
-// (PackedLinear.forward).
+// row_linear.cpp's op: bf16 rows times a weight in the pairs layout (PairedLinear.forward).
+// Called through the dispatcher, as oneDNN's is, so the profiler sees each product.
+inline Tensor row_linear(const Tensor& x, const Tensor& packed,
+                         const std::optional<Tensor>& bias) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("streamtts_fused::row_linear", "")
+                             .typed<Tensor(const Tensor&, const Tensor&,
+                                           const std::optional<Tensor>&)>();
+  return op.call(x, packed, bias);
+}
+
+// A packed layer's product, [..., in] -> [..., out] (PackedLinear.forward): row_linear for a
+// weight in the pairs layout (a plain tensor), else oneDNN's linear on a weight packed by
+// mkldnn::_reorder_linear_weight (an MkldnnCPU tensor).
 inline Tensor packed_linear(const Tensor& x, const Tensor& packed,
                             const std::optional<Tensor>& bias) {
+  if (!packed.is_mkldnn()) return row_linear(x, packed, bias);
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("mkldnn::_linear_pointwise", "")

@@ -1,0 +1,148 @@
+// streamtts_fused::row_linear: a decode step's few bf16 rows times a weight in the pairs layout.
+//
+// A decode step multiplies 1..B rows by each weight once, so the product is a read of the
+// weight; oneDNN's bf16 kernel read them at 21-28 GB/s of a Zen 4's 34 (2026-12-06). Here each
+// task owns 64 outputs and streams their weights as one sequence of 64-byte vectors, each fed to
+// AVX512-BF16's pairwise dot product (vdpbf16ps) for every row; sums are kept in fp32 and rounded
+// once, with the bias, to bf16. Its sums run in another order than oneDNN's, so an output can
+// differ from F.linear's by a bf16 step; every caller of a weight in this layout (the Python
+// layer and the fused ops alike) runs this kernel, so they agree bit for bit.
+//
+// Layout (pack_pairs in streamtts/models/fish/fused/pairs.py): a weight [N, K], N a multiple of
+// 64 and K even, is held as [N/64, K/2, 64, 2]: for task t and input pair j, the pairs
+// (w[n, 2j], w[n, 2j+1]) of the task's 64 outputs n, 256 contiguous bytes.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+using at::Tensor;
+
+#if defined(__x86_64__)
+
+constexpr int64_t kLanes = 16;                      // fp32 sums in one 512-bit register
+constexpr int64_t kBlocks = 4;                      // registers of outputs per task
+constexpr int64_t kOutputsPerTask = kLanes * kBlocks;  // 64
+constexpr int kMaxRowsPerTile = 4;                  // 4 rows x 4 blocks = 16 accumulators
+
+bool supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+}
+
+// R rows of x (as int32 bf16 pairs) times one task's weights: y rows [R, 64 of N].
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void tile(
+    const int32_t* x, int64_t x_stride_pairs, const __m512i* w, int64_t pairs,
+    const float* bias, uint16_t* y, int64_t y_stride) {
+  // Every loop over rows and blocks is unrolled (-O2 would not), so the R x 4 sums stay in
+  // registers: kept on the stack they made each product wait on a store (2x slower at 4 rows).
+  __m512 acc[R][kBlocks];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int b = 0; b < kBlocks; ++b) acc[r][b] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < pairs; ++j) {
+    const __m512i* wj = w + j * kBlocks;
+    __m512bh wb[kBlocks];
+#pragma GCC unroll 4
+    for (int b = 0; b < kBlocks; ++b) wb[b] = (__m512bh)_mm512_load_si512(wj + b);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      __m512bh xr = (__m512bh)_mm512_set1_epi32(x[r * x_stride_pairs + j]);
+#pragma GCC unroll 4
+      for (int b = 0; b < kBlocks; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], wb[b], xr);
+    }
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < kBlocks; ++b) {
+    const __m512 bias_b = bias != nullptr ? _mm512_loadu_ps(bias + b * kLanes) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bias_b));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * y_stride + b * kLanes), (__m256i)out);
+    }
+  }
+}
+
+using TileFn = void (*)(const int32_t*, int64_t, const __m512i*, int64_t, const float*,
+                        uint16_t*, int64_t);
+constexpr TileFn kTiles[kMaxRowsPerTile + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>};
+
+#else  // another architecture: no such kernel, and PairedLinear is never made
+
+bool supported() { return false; }
+
+#endif
+
+// x [..., K] bf16, packed [N/64, K/2, 64, 2] bf16, bias [N] or none -> [..., N] bf16.
+Tensor row_linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias) {
+  TORCH_CHECK(supported(), "row_linear: this CPU has no AVX512-BF16");
+#if defined(__x86_64__)
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
+              "row_linear: expected bf16 rows and weight");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kOutputsPerTask && packed.size(3) == 2 &&
+                  packed.is_contiguous(),
+              "row_linear: the weight is not in the pairs layout");
+  const int64_t tasks = packed.size(0), pairs = packed.size(1), k = 2 * pairs;
+  const int64_t out_features = tasks * kOutputsPerTask;
+  TORCH_CHECK(x.size(-1) == k, "row_linear: rows of ", x.size(-1), " for a weight of ", k,
+              " inputs");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0,
+              "row_linear: the weight is not 64-byte aligned");
+  Tensor rows = x.reshape({-1, k}).contiguous();
+  const int64_t m = rows.size(0);
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = out_features;
+  Tensor y = at::empty({m, out_features}, x.options());
+  Tensor bias32;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->numel() == out_features, "row_linear: a bias of ", bias->numel(),
+                " for ", out_features, " outputs");
+    bias32 = bias->to(at::kFloat).contiguous();
+  }
+  const auto* xs = reinterpret_cast<const int32_t*>(rows.data_ptr());
+  const auto* ws = reinterpret_cast<const __m512i*>(packed.data_ptr());
+  const float* bs = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+  auto* ys = reinterpret_cast<uint16_t*>(y.data_ptr());
+  // One task per 64 outputs; its weights (64 x K x 2 bytes, 128 KB at K = 1024) stay in the
+  // core's L2 while it takes every tile of rows, so memory reads each weight once.
+  at::parallel_for(0, tasks, 1, [&](int64_t first_task, int64_t end_task) {
+    for (int64_t t = first_task; t < end_task; ++t) {
+      const __m512i* wt = ws + t * pairs * kBlocks;
+      const int64_t first_output = t * kOutputsPerTask;
+      for (int64_t r = 0; r < m; r += kMaxRowsPerTile) {
+        const int rows_here = static_cast<int>(std::min<int64_t>(kMaxRowsPerTile, m - r));
+        kTiles[rows_here](xs + r * pairs, pairs, wt, pairs,
+                          bs != nullptr ? bs + first_output : nullptr,
+                          ys + r * out_features + first_output, out_features);
+      }
+    }
+  });
+  return y.view(out_shape);
+#else
+  return Tensor();
+#endif
+}
+
+}  // namespace
+
+// A CPU kernel, not a catch-all: torch.compile traces PairedLinear through the op's fake
+// (registered by pairs.py) instead of decomposing it.
+TORCH_LIBRARY_FRAGMENT(streamtts_fused, m) {
+  m.def("row_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
+  m.def("row_linear_supported() -> bool", &supported);
+}
+
+TORCH_LIBRARY_IMPL(streamtts_fused, CPU, m) { m.impl("row_linear", &row_linear); }

@@ -1,0 +1,163 @@
+"""row_linear on the pairs layout: fp32 sums rounded once to bf16, on the fast layers only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from streamtts.fish.load import prepare_llm
+from streamtts.fish.settings import FishSettings
+from streamtts.models.fish.fused.pairs import (
+    OUTPUTS_PER_TASK,
+    PairedLinear,
+    pack_pairs,
+    pair_linears_,
+    pairs_fit,
+    products,
+    why_not_paired,
+)
+from streamtts.models.fish.llm.synthetic import load_synthetic
+from streamtts.models.fish.packed import PackedLinear, packs
+
+# The fast layers' shapes of the tiny models and of Fish-Speech 1.5 (wqkv, w13, w2, head).
+SHAPES = [(128, 64), (320, 64), (64, 160), (1280, 1024), (8192, 1024), (1024, 4096)]
+ROWS = [1, 2, 3, 4, 5, 8, 9, 17]
+
+
+@pytest.fixture(scope="module")
+def paired_here() -> None:
+    if not packs(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("oneDNN has no bf16 kernels here")
+    if (reason := why_not_paired()) is not None:
+        pytest.skip(f"the pairs layout does not apply here: {reason}")
+
+
+def bf16_step(values: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 numbers at ``values`` (8 significant bits)."""
+    exponent = torch.frexp(values.abs().clamp(min=2.0**-100)).exponent
+    return torch.ldexp(torch.ones_like(values), exponent - 8)
+
+
+def test_the_layout_holds_each_task_s_pairs_contiguously() -> None:
+    weight = torch.arange(128 * 6, dtype=torch.float32).reshape(128, 6).bfloat16()
+    packed = pack_pairs(weight)
+    assert packed.shape == (2, 3, OUTPUTS_PER_TASK, 2) and packed.is_contiguous()
+    for task, pair, output, half in ((0, 0, 0, 0), (1, 2, 63, 1), (1, 0, 5, 1), (0, 1, 7, 0)):
+        want = weight[OUTPUTS_PER_TASK * task + output, 2 * pair + half]
+        assert packed[task, pair, output, half] == want
+
+
+def test_only_bf16_weights_of_64_outputs_and_even_inputs_fit() -> None:
+    assert pairs_fit(torch.zeros(1280, 1024, dtype=torch.bfloat16))
+    assert not pairs_fit(torch.zeros(1280, 1024))  # fp32
+    assert not pairs_fit(torch.zeros(1000, 1024, dtype=torch.bfloat16))
+    assert not pairs_fit(torch.zeros(1024, 1023, dtype=torch.bfloat16))
+
+
+@pytest.mark.usefixtures("paired_here")
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_row_linear_rounds_fp32_sums_once(shape: tuple[int, int]) -> None:
+    """Every output within a bf16 step of the fp32 sum (the sums run in another order than
+    the reference's), nearly all of them that sum rounded, for any row count and a bias."""
+    n, k = shape
+    gen = torch.Generator().manual_seed(n + k)
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16()
+    for layer_bias in (None, bias):
+        layer = PairedLinear(weight, layer_bias)
+        for rows in ROWS:
+            x = torch.randn(rows, k, generator=gen).bfloat16()
+            want = x.float() @ weight.float().T
+            if layer_bias is not None:
+                want += layer_bias.float()
+            got = layer(x)
+            assert got.shape == (rows, n) and got.dtype == torch.bfloat16
+            # A step of the output, or where a sum cancels to near zero, fp32's roundings of
+            # the terms (2^-16 of the largest output).
+            allowed = bf16_step(want).clamp(min=float(want.abs().max()) * 2.0**-16)
+            assert bool(((got.float() - want).abs() <= allowed).all()), (rows, shape)
+            rounded = (got == want.bfloat16()).float().mean().item()
+            assert rounded > 0.99, (rows, shape, rounded)
+
+
+@pytest.mark.usefixtures("paired_here")
+def test_row_linear_keeps_leading_dims_and_agrees_with_onednn() -> None:
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(1280, 1024, generator=gen).bfloat16()
+    x = torch.randn(2, 3, 1024, generator=gen).bfloat16()
+    got = PairedLinear(weight)(x)
+    want = PackedLinear(weight)(x)
+    assert got.shape == want.shape == (2, 3, 1280)
+    apart = got != want
+    assert int(apart.sum()) <= want.numel() // 100  # a step apart here and there, no more
+    assert bool(((got - want).float().abs()[apart] <= bf16_step(want.float())[apart]).all())
+
+
+@pytest.mark.usefixtures("paired_here")
+def test_row_linear_gives_the_same_bits_on_any_number_of_threads() -> None:
+    gen = torch.Generator().manual_seed(4)
+    layer = PairedLinear(torch.randn(1024, 4096, generator=gen).bfloat16())
+    x = torch.randn(3, 4096, generator=gen).bfloat16()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = layer(x)
+        torch.set_num_threads(max(2, threads))
+        many = layer(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, many)
+
+
+@pytest.mark.usefixtures("paired_here")
+def test_row_linear_says_what_is_wrong() -> None:
+    weight = pack_pairs(torch.randn(128, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="rows of 32 for a weight of 64 inputs"):
+        torch.ops.streamtts_fused.row_linear(torch.randn(1, 32).bfloat16(), weight, None)
+    with pytest.raises(RuntimeError, match="expected bf16 rows"):
+        torch.ops.streamtts_fused.row_linear(torch.randn(1, 64), weight, None)
+    with pytest.raises(RuntimeError, match="not in the pairs layout"):
+        plain = torch.randn(128, 64).bfloat16()
+        torch.ops.streamtts_fused.row_linear(torch.randn(1, 64).bfloat16(), plain, None)
+    with pytest.raises(RuntimeError, match="a bias of 3 for 128 outputs"):
+        bias = torch.zeros(3).bfloat16()
+        torch.ops.streamtts_fused.row_linear(torch.randn(1, 64).bfloat16(), weight, bias)
+
+
+@pytest.mark.usefixtures("paired_here")
+@torch.inference_mode()
+def test_a_compiled_paired_layer_computes_what_eager_does() -> None:
+    """torch.compile traces the op through its registered shape, then calls the kernel."""
+    layer = PairedLinear(torch.randn(320, 64).bfloat16(), torch.randn(320).bfloat16())
+    x = torch.randn(3, 64).bfloat16()
+    compiled = torch.compile(lambda rows: F.silu(layer(rows)), fullgraph=True)
+    assert torch.equal(compiled(x), F.silu(layer(x)))
+
+
+@pytest.mark.usefixtures("paired_here")
+@pytest.mark.parametrize("amx", [False, True], ids=["no AMX", "AMX"])
+def test_prepare_llm_pairs_the_fast_layers_and_without_amx_the_slow_ones(
+    amx: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    model = load_synthetic("tiny", torch.bfloat16, "cpu", seed=2).model
+    prepare_llm(model, FishSettings())
+    assert products(model.fast_layers) == products(model.fast_output) == "row_linear"
+    assert products(model.layers) == ("onednn" if amx else "row_linear")
+    assert isinstance(model.output, PairedLinear) != amx  # the tiny head's 1664 rows fit
+    off = load_synthetic("tiny", torch.bfloat16, "cpu", seed=2).model
+    prepare_llm(off, FishSettings(fused_ops=False))
+    assert products(off.fast_layers) == products(off.layers) == "onednn"
+    plain = load_synthetic("tiny", torch.float32, "cpu", seed=2).model
+    prepare_llm(plain, FishSettings(dtype="fp32"))
+    assert products(plain.fast_layers) == "aten"
+
+
+def test_a_head_whose_rows_are_not_a_multiple_of_64_stays_on_onednn() -> None:
+    """Fish-Speech 1.5's text head has 102 048 rows; checked on a small stand-in."""
+    model = load_synthetic("tiny", torch.bfloat16, "cpu", seed=2).model
+    model.output = torch.nn.Linear(64, 1000, bias=False).bfloat16()
+    pair_linears_(model, slow=True)
+    assert isinstance(model.output, torch.nn.Linear)
+    assert isinstance(model.fast_output, PairedLinear)
