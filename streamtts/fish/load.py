@@ -19,7 +19,7 @@ from streamtts.models.fish.codec.config import VocoderConfig
 from streamtts.models.fish.codec.decoder import FireflyDecoder
 from streamtts.models.fish.codec.encoder import FireflyEncoder
 from streamtts.models.fish.codec.firefly import GENERATOR_FILENAME, load_firefly
-from streamtts.models.fish.fused.pairs import pair_linears_, pairs_for_prompts, why_not_paired
+from streamtts.models.fish.fused.pairs import pair_linears_, slow_layers_pair, why_not_paired
 from streamtts.models.fish.llm.checkpoint import FishLLM, load_fish_llm
 from streamtts.models.fish.llm.llama import DualARTransformer, fuse_gate_up_
 from streamtts.models.fish.llm.quantize import quantize_int8_
@@ -88,7 +88,7 @@ def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
         fuse_gate_up_(model)
         if settings.fused_ops and packs(model.device, model.dtype):
             if (why_not := why_not_paired()) is None:
-                paired = pair_linears_(model, slow=pairs_for_prompts())
+                paired = pair_linears_(model, slow=slow_layers_pair())
                 log.info("%d linear layers in the pairs layout (row_linear, AVX512-BF16)", paired)
             else:
                 log.info("the linear layers stay on oneDNN: %s", why_not)

@@ -18,7 +18,6 @@ which stays on oneDNN.
 from __future__ import annotations
 
 import functools
-import logging
 
 import torch
 from torch import nn
@@ -27,8 +26,6 @@ from streamtts.models.fish.fused.library import FusedUnavailable, load_library
 from streamtts.models.fish.llm.llama import DualARTransformer
 from streamtts.models.fish.packed import PackedLinear
 from streamtts.models.fish.swap import replace_linears_
-
-log = logging.getLogger(__name__)
 
 OUTPUTS_PER_TASK = 64  # row_linear.cpp: kOutputsPerTask
 
@@ -78,7 +75,7 @@ def why_not_paired() -> str | None:
     return None
 
 
-def pairs_for_prompts() -> bool:
+def slow_layers_pair() -> bool:
     """Whether the slow layers pair too: a CPU without AMX (see the module's docstring)."""
     return not torch.cpu._is_amx_tile_supported()
 
