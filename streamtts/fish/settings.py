@@ -29,9 +29,9 @@ class FishSettings:
     max_cached_voices: int = 16  # cloned voices whose prompt prefix is kept (LRU)
     compile: bool = False  # torch.compile the decode step at start (docs/operations.md)
     # The slow step and the codebook pass as C++ ops where their layers are packed (CPU), built
-    # at first start, and bf16 fast layers on the library's AVX512-BF16 kernel where the CPU has
-    # it; the Python code on oneDNN's layers where they do not apply or cannot be built
-    # (docs/operations.md).
+    # at first start, and bf16 layers on the library's AVX512-BF16 kernel where the CPU has it
+    # (the slow ones only without AMX); the Python code on oneDNN's layers where they do not
+    # apply or cannot be built (docs/operations.md).
     fused_ops: bool = True
 
     def __post_init__(self) -> None:

@@ -15,6 +15,7 @@ from streamtts.models.fish.llm.llama import DualARTransformer, FeedForward, fuse
 from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
 from streamtts.models.fish.llm.synthetic import load_synthetic
 from streamtts.models.fish.packed import PackedLinear, can_pack, is_packed, pack_linears_
+from tests.models.fish.bf16 import bf16_step
 
 needs_bf16_onednn = pytest.mark.skipif(
     not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 kernels here"
@@ -37,8 +38,7 @@ def assert_same_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
     assert int(apart.sum()) <= max(1, want.numel() // 500)
     if native:  # AMX, many rows: a step of the larger value, or fp32 roundings near zero
         larger = torch.maximum(got.float().abs(), want.float().abs())[apart]
-        step = torch.ldexp(torch.ones_like(larger), torch.frexp(larger).exponent - 8)  # bf16's
-        step = step.clamp(min=float(want.float().abs().max()) * 2.0**-16)
+        step = bf16_step(larger).clamp(min=float(want.float().abs().max()) * 2.0**-16)
     else:
         step = want.float().abs()[apart] * 2.0**-7  # a bf16 step at most, for values of this size
     assert bool(((got.float() - want.float()).abs()[apart] <= step).all())

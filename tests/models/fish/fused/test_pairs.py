@@ -1,4 +1,4 @@
-"""row_linear on the pairs layout: fp32 sums rounded once to bf16, on the fast layers only."""
+"""row_linear on the pairs layout: fp32 sums rounded once to bf16; which layers pair."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from streamtts.models.fish.fused.pairs import (
 )
 from streamtts.models.fish.llm.synthetic import load_synthetic
 from streamtts.models.fish.packed import PackedLinear, packs
+from tests.models.fish.bf16 import bf16_step
 
 # The fast layers' shapes of the tiny models and of Fish-Speech 1.5 (wqkv, w13, w2, head).
 SHAPES = [(128, 64), (320, 64), (64, 160), (1280, 1024), (8192, 1024), (1024, 4096)]
@@ -31,12 +32,6 @@ def paired_here() -> None:
         pytest.skip("oneDNN has no bf16 kernels here")
     if (reason := why_not_paired()) is not None:
         pytest.skip(f"the pairs layout does not apply here: {reason}")
-
-
-def bf16_step(values: torch.Tensor) -> torch.Tensor:
-    """The spacing of bf16 numbers at ``values`` (8 significant bits)."""
-    exponent = torch.frexp(values.abs().clamp(min=2.0**-100)).exponent
-    return torch.ldexp(torch.ones_like(values), exponent - 8)
 
 
 def test_the_layout_holds_each_task_s_pairs_contiguously() -> None:
