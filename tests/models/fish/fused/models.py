@@ -43,6 +43,15 @@ def with_biases_and_a_tied_head(dtype: torch.dtype) -> DualARTransformer:
     return build_model(state, config, synthetic_tokenizer("tiny"), dtype, "cpu")
 
 
+def with_heads_of_part_tasks(dtype: torch.dtype) -> DualARTransformer:
+    """Heads whose rows are not a multiple of 64 (as Fish-Speech 1.5's 102 048-row text head):
+    paired, the last task is padded."""
+    overrides = {"vocab_size": 1700, "codebook_size": 1000}
+    config = FishConfig.from_dict({**SYNTHETIC_SIZES["tiny"], **overrides})
+    state = synthetic_state_dict(config, dtype, seed=5)
+    return build_model(state, config, synthetic_tokenizer("tiny"), dtype, "cpu")
+
+
 def paired(model: DualARTransformer) -> DualARTransformer:
     """Packed, with every layer that fits in the pairs layout (as bf16 serves with
     AVX512-BF16 and no AMX)."""
@@ -63,6 +72,7 @@ def variants(dtype: torch.dtype) -> dict[str, DualARTransformer]:
         models |= {
             "synthetic, paired": paired(tiny(dtype)),
             "biases, tied head, paired": paired(with_biases_and_a_tied_head(dtype)),
+            "heads of part tasks, paired": paired(with_heads_of_part_tasks(dtype)),
             "fixture, paired": paired(
                 load_fish_llm(require_dir(fixture_dir()), dtype, "cpu").model
             ),

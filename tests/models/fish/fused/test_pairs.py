@@ -43,11 +43,20 @@ def test_the_layout_holds_each_task_s_pairs_contiguously() -> None:
         assert packed[task, pair, output, half] == want
 
 
-def test_only_bf16_weights_of_64_outputs_and_even_inputs_fit() -> None:
+def test_a_layout_of_part_tasks_pads_the_last_with_zero_weights() -> None:
+    weight = torch.arange(100 * 4, dtype=torch.float32).reshape(100, 4).add(1).bfloat16()
+    packed = pack_pairs(weight)
+    assert packed.shape == (2, 2, OUTPUTS_PER_TASK, 2) and packed.is_contiguous()
+    assert packed[1, 1, 35, 0] == weight[99, 2]
+    assert bool((packed[1, :, 36:] == 0).all()) and bool((packed[1, :, :36] != 0).all())
+
+
+def test_bf16_weights_of_even_inputs_fit_and_only_heads_need_not_be_whole_tasks() -> None:
     assert pairs_fit(torch.zeros(1280, 1024, dtype=torch.bfloat16))
     assert not pairs_fit(torch.zeros(1280, 1024))  # fp32
     assert not pairs_fit(torch.zeros(1000, 1024, dtype=torch.bfloat16))
-    assert not pairs_fit(torch.zeros(1024, 1023, dtype=torch.bfloat16))
+    assert pairs_fit(torch.zeros(1000, 1024, dtype=torch.bfloat16), head=True)
+    assert not pairs_fit(torch.zeros(1024, 1023, dtype=torch.bfloat16), head=True)
 
 
 @pytest.mark.usefixtures("paired_here")
@@ -149,10 +158,26 @@ def test_prepare_llm_pairs_the_fast_layers_and_without_amx_the_slow_ones(
     assert products(plain.fast_layers) == "aten"
 
 
-def test_a_head_whose_rows_are_not_a_multiple_of_64_stays_on_onednn() -> None:
-    """Fish-Speech 1.5's text head has 102 048 rows; checked on a small stand-in."""
+@pytest.mark.usefixtures("paired_here")
+def test_a_head_of_part_tasks_pairs_and_drops_its_padding() -> None:
+    """Fish-Speech 1.5's text head has 102 048 rows; checked on a small stand-in: its outputs
+    are those of the same weight padded by hand, contiguous, the bias padded alike."""
     model = load_synthetic("tiny", torch.bfloat16, "cpu", seed=2).model
     model.output = torch.nn.Linear(64, 1000, bias=False).bfloat16()
+    model.layers[0].attention.wo = torch.nn.Linear(64, 100, bias=False).bfloat16()
     pair_linears_(model, slow=True)
-    assert isinstance(model.output, torch.nn.Linear)
-    assert isinstance(model.fast_output, PairedLinear)
+    assert isinstance(model.output, PairedLinear) and isinstance(model.fast_output, PairedLinear)
+    assert isinstance(model.layers[0].attention.wo, torch.nn.Linear)  # not a head: not padded
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(1000, 64, generator=gen).bfloat16()
+    bias = torch.randn(1000, generator=gen).bfloat16()
+    layer = PairedLinear(weight, bias)
+    assert layer.out_features == 1000 and layer.bias is not None and layer.bias.shape == (1024,)
+    padded = torch.cat([weight, weight.new_zeros(24, 64)])
+    by_hand = PairedLinear(padded, torch.cat([bias, bias.new_zeros(24)]))
+    x = torch.randn(2, 3, 64, generator=gen).bfloat16()
+    got = layer(x)
+    assert got.shape == (2, 3, 1000) and got.is_contiguous()
+    assert torch.equal(got, by_hand(x)[..., :1000])
+    exact = F.linear(x.float(), weight.float(), bias.float())
+    assert bool(((got.float() - exact).abs() <= bf16_step(exact)).all())

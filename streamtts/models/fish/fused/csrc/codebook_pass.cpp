@@ -21,6 +21,7 @@ namespace {
 using at::Tensor;
 using streamtts_fused::check_layers;
 using streamtts_fused::feed_forward;
+using streamtts_fused::head_outputs;
 using streamtts_fused::kNormsPerLayer;
 using streamtts_fused::kTensorsPerLayer;
 using streamtts_fused::packed_linear;
@@ -128,7 +129,8 @@ Tensor codebook_pass(const Tensor& hidden, const Tensor& code0, at::TensorList n
   codes.reserve(codebooks - 1);
   for (int64_t k = 1; k < codebooks; ++k) {
     Tensor x = decode_position(at::embedding(embeddings, code), k, layers);  // [B, D]
-    Tensor logits = packed_linear(rms_norm(x, final_norm, eps), output, std::nullopt);  // [B, K]
+    Tensor logits = head_outputs(packed_linear(rms_norm(x, final_norm, eps), output, std::nullopt),
+                                 embeddings.size(0));  // [B, K]
     std::optional<Tensor> window;
     if (windows.has_value()) window = windows->select(1, k + 1);  // row k+1: codebook k
     code = sample(logits, temperature, top_p, penalty, window, noise.select(1, k - 1));

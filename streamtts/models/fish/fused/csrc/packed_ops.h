@@ -37,6 +37,12 @@ inline Tensor packed_linear(const Tensor& x, const Tensor& packed,
   return op.call(x, packed, bias, "none", c10::List<std::optional<c10::Scalar>>(), std::nullopt);
 }
 
+// A head's logits [..., width]: a paired head's product has its last task's padding beyond
+// `width` (pairs.py), dropped as PairedLinear.forward drops it.
+inline Tensor head_outputs(const Tensor& y, int64_t width) {
+  return y.size(-1) == width ? y : y.narrow(-1, 0, width).contiguous();
+}
+
 // RMSNorm.forward: normalised in fp32 and rounded once (at::rms_norm), then times the weight.
 inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return at::rms_norm(x, {x.size(-1)}, std::nullopt, eps).mul(weight);

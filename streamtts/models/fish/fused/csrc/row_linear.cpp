@@ -8,9 +8,10 @@
 // differ from F.linear's by a bf16 step; every caller of a weight in this layout (the Python
 // layer and the fused ops alike) runs this kernel, so they agree bit for bit.
 //
-// Layout (pack_pairs in streamtts/models/fish/fused/pairs.py): a weight [N, K], N a multiple of
-// 64 and K even, is held as [N/64, K/2, 64, 2]: for task t and input pair j, the pairs
-// (w[n, 2j], w[n, 2j+1]) of the task's 64 outputs n, 256 contiguous bytes.
+// Layout (pack_pairs in streamtts/models/fish/fused/pairs.py): a weight [N, K], K even, is held
+// as [N/64, K/2, 64, 2]: for task t and input pair j, the pairs (w[n, 2j], w[n, 2j+1]) of the
+// task's 64 outputs n, 256 contiguous bytes. A head's N is padded to whole tasks with zero rows;
+// its callers drop the padding's outputs.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

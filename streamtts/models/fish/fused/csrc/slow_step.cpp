@@ -24,6 +24,7 @@ using at::Tensor;
 using at::indexing::Slice;
 using streamtts_fused::check_layers;
 using streamtts_fused::feed_forward;
+using streamtts_fused::head_outputs;
 using streamtts_fused::kNormsPerLayer;
 using streamtts_fused::kTensorsPerLayer;
 using streamtts_fused::packed_linear;
@@ -113,8 +114,10 @@ std::tuple<Tensor, Tensor> slow_step(
   }
   Tensor hidden = x.select(1, 0);  // [B,D]
   Tensor normed = rms_norm(hidden, final_norm, eps);
-  Tensor logits = output.has_value() ? packed_linear(normed, *output, std::nullopt)
-                                     : at::linear(normed, embeddings);  // [B,V]
+  const int64_t vocab = embeddings.size(0);
+  Tensor logits = output.has_value()
+                      ? head_outputs(packed_linear(normed, *output, std::nullopt), vocab)
+                      : at::linear(normed, embeddings);  // [B,V]
   return {logits, hidden};
 }
 
