@@ -236,7 +236,8 @@ class StageBench:
         windows = self.windows.gather(torch.arange(batch, device=self.device))
 
         def frame() -> torch.Tensor:
-            noise = frame_noise(self.model, batch)  # drawn per frame, as a decode step does
+            # drawn per frame, as the engine's decode step draws for unseeded streams
+            noise = frame_noise(self.model, batch, upstream_draws=False)
             return sample_frame(
                 self.model, self.cache, logits, hidden, sampling, windows, noise, self.fast
             )
@@ -260,6 +261,7 @@ class StageBench:
                 sampling,
                 fast=self.fast,
                 slow=self.slow,
+                upstream_draws=False,
             ),
             self.options.repeats,
             self.device,

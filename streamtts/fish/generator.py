@@ -340,7 +340,14 @@ class GeneratorWorker(Worker[_Command]):
             return
         sampling = BatchSampling.from_params([job.params], self._model.device)
         first = prefill_frame(
-            self._model, self._cache, chunk, stream.slot, sampling, job.prefill_pos, stream.rng
+            self._model,
+            self._cache,
+            chunk,
+            stream.slot,
+            sampling,
+            job.prefill_pos,
+            stream.rng,
+            upstream_draws=False,
         )
         stream.conversation.prefilled(job.prompt)
         if job.keep_prefix:
@@ -399,6 +406,7 @@ class GeneratorWorker(Worker[_Command]):
             [j.stream.rng for j in batch],
             fast=self._fast,
             slow=self._slow,
+            upstream_draws=False,  # an unseeded stream's draws need not be upstream's
         )  # [B, C+1]
         for job, frame in zip(batch, new, strict=True):
             job.frames.append(frame)

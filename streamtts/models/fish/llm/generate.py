@@ -55,19 +55,26 @@ class FrameNoise:
         return FrameNoise(self.slow.index_select(0, rows), self.fast.index_select(0, rows))
 
 
-def frame_noise(model: DualARTransformer, batch: int, generators: Generators = ()) -> FrameNoise:
+def frame_noise(
+    model: DualARTransformer,
+    batch: int,
+    generators: Generators = (),
+    upstream_draws: bool = True,
+) -> FrameNoise:
     """One frame's draws for ``batch`` rows; row i from ``generators[i]`` if it has one.
 
     In upstream's order: the slow token's draw of size V, then one of size K per codebook, so
-    a row with its own generator (or batch 1 on the default one) draws what upstream draws.
+    a row with its own generator (or, with ``upstream_draws``, batch 1 on the default one) draws
+    what upstream draws. Without ``upstream_draws``, rows on the default generator draw faster
+    (:func:`draw_noise`).
     """
     cfg = model.config
     dtype, device = model.dtype, model.device
     slow = torch.empty(batch, cfg.vocab_size, dtype=dtype, device=device)  # [B, V]
-    draw_noise(slow, generators)
+    draw_noise(slow, generators, upstream_draws)
     fast = torch.empty(batch, cfg.num_codebooks - 1, cfg.codebook_size, dtype=dtype, device=device)
     for k in range(cfg.num_codebooks - 1):
-        draw_noise(fast[:, k], generators)  # [B, K]
+        draw_noise(fast[:, k], generators, upstream_draws)  # [B, K]
     return FrameNoise(slow, fast)
 
 
@@ -131,15 +138,16 @@ def prefill_frame(
     sampling: BatchSampling,
     start_pos: int = 0,
     generator: torch.Generator | None = None,
+    upstream_draws: bool = True,
 ) -> torch.Tensor:
     """Prefill ``prompt`` [C+1, S] into ``slot`` from ``start_pos``; sample its first frame [C+1].
 
-    ``sampling`` holds one row; ``generator``: the sequence's own (``None``: the default one).
-    For a chunked prefill, call :meth:`DualARTransformer.prefill` for the earlier chunks and
-    this for the last one.
+    ``sampling`` holds one row; ``generator``: the sequence's own (``None``: the default one,
+    drawn from as ``upstream_draws`` says: :func:`frame_noise`). For a chunked prefill, call
+    :meth:`DualARTransformer.prefill` for the earlier chunks and this for the last one.
     """
     out = model.prefill(cache, prompt, slot, start_pos)
-    noise = frame_noise(model, 1, [generator])
+    noise = frame_noise(model, 1, [generator], upstream_draws)
     return sample_frame(model, cache, out.logits[None], out.hidden[None], sampling, None, noise)[0]
 
 
@@ -156,17 +164,19 @@ def decode_step(
     generators: Generators = (),
     fast: FastCodes = fast_codes,
     slow: SlowStep = slow_step,
+    upstream_draws: bool = True,
 ) -> torch.Tensor:
     """One decode step for B sequences: previous frames [B, C+1] → next frames [B, C+1] int32.
 
     slots [B] int64 (distinct), positions [B] int64 (position of each input frame),
     ``kv_len`` a host-side bound > max(positions), sampling with B rows, ``generators`` each
-    row's own (or ``None``: the default one). The slots' repetition windows are read, and the
+    row's own (or ``None``: the default one, drawn from as ``upstream_draws`` says:
+    :func:`frame_noise`). The slots' repetition windows are read, and the
     new frames recorded at loop step ``steps`` [B] (0 = the first frame after the prefill
     frame). B must not exceed ``cache.slots``. ``fast`` and ``slow`` run the two transformers
     (eager, or compiled equivalents).
     """
-    noise = frame_noise(model, frames.shape[0], generators)
+    noise = frame_noise(model, frames.shape[0], generators, upstream_draws)
     out = slow(model, cache, frames[:, :, None], slots, positions, kv_len)
     window = windows.gather(slots)  # [B, C+1, W]
     new = sample_frame(model, cache, out.logits, out.hidden, sampling, window, noise, fast)
