@@ -24,7 +24,12 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "codebook_pass.cpp", CSRC / "slow_step.cpp", CSRC / "row_linear.cpp")
+SOURCES = (
+    CSRC / "codebook_pass.cpp",
+    CSRC / "slow_step.cpp",
+    CSRC / "row_linear.cpp",
+    CSRC / "top_p.cpp",
+)
 HEADERS = (CSRC / "packed_ops.h",)
 LIBRARY_NAME = "streamtts_fused"
 # No -march=native: a library built once may be loaded on another x86-64 host (a shared cache
