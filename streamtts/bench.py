@@ -30,6 +30,7 @@ from streamtts import hugepages
 from streamtts.engine.base import SynthesisOptions
 from streamtts.fish.devices import choose_device
 from streamtts.fish.engine import FishEngine, ModelPasses
+from streamtts.fish.generator import UPSTREAM_DRAWS
 from streamtts.fish.settings import FishSettings
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
 from streamtts.models.fish.llm.generate import (
@@ -237,7 +238,7 @@ class StageBench:
 
         def frame() -> torch.Tensor:
             # drawn per frame, as the engine's decode step draws for unseeded streams
-            noise = frame_noise(self.model, batch, upstream_draws=False)
+            noise = frame_noise(self.model, batch, upstream_draws=UPSTREAM_DRAWS)
             return sample_frame(
                 self.model, self.cache, logits, hidden, sampling, windows, noise, self.fast
             )
@@ -261,7 +262,7 @@ class StageBench:
                 sampling,
                 fast=self.fast,
                 slow=self.slow,
-                upstream_draws=False,
+                upstream_draws=UPSTREAM_DRAWS,
             ),
             self.options.repeats,
             self.device,

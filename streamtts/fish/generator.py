@@ -60,6 +60,9 @@ JobHook = Callable[[SegmentJob], None]
 # next chance to hand frames over comes an iteration later; the other one is margin for a
 # slower iteration, such as one that also prefills).
 NEXT_CHANCE_ITERATIONS = 2
+# Whether streams without a seed draw upstream's values (sampling.draw_noise): they need not,
+# and the faster draws save ~1.65 ms a frame per stream on the dev CPU. Seeded ones always do.
+UPSTREAM_DRAWS = False
 
 
 @dataclass(frozen=True)
@@ -347,7 +350,7 @@ class GeneratorWorker(Worker[_Command]):
             sampling,
             job.prefill_pos,
             stream.rng,
-            upstream_draws=False,
+            upstream_draws=UPSTREAM_DRAWS,
         )
         stream.conversation.prefilled(job.prompt)
         if job.keep_prefix:
@@ -406,7 +409,7 @@ class GeneratorWorker(Worker[_Command]):
             [j.stream.rng for j in batch],
             fast=self._fast,
             slow=self._slow,
-            upstream_draws=False,  # an unseeded stream's draws need not be upstream's
+            upstream_draws=UPSTREAM_DRAWS,
         )  # [B, C+1]
         for job, frame in zip(batch, new, strict=True):
             job.frames.append(frame)

@@ -282,7 +282,7 @@ def draw_noise(
     Without ``upstream_draws`` the default generator's share is ``-log(U)`` instead, ``U``
     uniform in fp32 (``Exponential(1)`` as well, for ``U`` on 2^-24 steps: at most 16.6, or
     infinite for ``U = 0``, which no token wins with): on the dev CPU the slow token's 102 048
-    draws took 0.35 ms so against 2.0 ms by ``exponential_``, which draws in double precision.
+    draws took 0.35 ms so, against 2.0 ms by ``exponential_``, which draws in double precision.
     The values are not upstream's; a seeded row's still are.
     """
     if upstream_draws:

@@ -2,13 +2,14 @@
 //
 // The Python filter ranks each 16-bit logit by its bit pattern, histograms the ranks, expands
 // the histogram into the row's values in descending order, cumulates their softmax to find how
-// many tokens upstream's cut keeps, and keeps that many: ~25 ATen calls a row, 1.3 ms for the
+// many tokens upstream's cut keeps, and keeps that many: ~25 ATen calls a row, 1.1 ms for the
 // slow token's 102 048 logits on the dev CPU. Here the ranks, the histogram, the expansion and
 // the keeping are plain loops; the softmax and the cumulated sum are the same ATen calls on the
 // same values, so the kept count and every result bit are the Python filter's (tested).
 // Shapes: B rows, V vocabulary, P = 65536 bit patterns.
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -59,10 +60,21 @@ Tensor top_p_by_counting(const Tensor& logits, const Tensor& top_p) {
     }
   });
   // sampling._past_nucleus: the same calls on the same values as the Python filter.
-  const Tensor cum_probs = at::cumsum(at::softmax(sorted_values, -1), -1).to(at::kFloat);
+  const Tensor cum_probs = at::cumsum(at::softmax(sorted_values, -1), -1);  // [B, V]
   const Tensor p = top_p.to(logits.scalar_type()).to(at::kFloat).contiguous();  // [B]
-  const float* cum = cum_probs.data_ptr<float>();
   const float* p_rows = p.data_ptr<float>();
+  // _kept_count: every position past the cut but the first is removed.
+  std::vector<int64_t> kept(static_cast<size_t>(b));
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(cum_probs.scalar_type(), "top_p_by_counting", [&] {
+    const scalar_t* cum = cum_probs.const_data_ptr<scalar_t>();
+    at::parallel_for(0, b, 1, [&](int64_t first, int64_t end) {
+      for (int64_t r = first; r < end; ++r) {
+        int64_t removed = 0;
+        for (int64_t i = 1; i < v; ++i) removed += static_cast<float>(cum[r * v + i]) > p_rows[r];
+        kept[r] = v - removed;  // >= 1
+      }
+    });
+  });
   Tensor filtered = at::empty({b, v}, logits.options());
   auto* out_bits = reinterpret_cast<uint16_t*>(filtered.data_ptr());
   uint16_t minus_infinity;
@@ -70,15 +82,11 @@ Tensor top_p_by_counting(const Tensor& logits, const Tensor& top_p) {
   std::memcpy(&minus_infinity, fill.data_ptr(), sizeof(minus_infinity));
   at::parallel_for(0, b, 1, [&](int64_t first, int64_t end) {
     for (int64_t r = first; r < end; ++r) {
-      // _kept_count: every position past the cut but the first is removed.
-      int64_t removed = 0;
-      for (int64_t i = 1; i < v; ++i) removed += cum[r * v + i] > p_rows[r] ? 1 : 0;
-      const int64_t kept = v - removed;  // >= 1
       // The rank of the last kept value, and how many values rank above it.
       const int32_t* count = counts.data() + r * kPatterns;
       int64_t cut_rank = 0, above = 0;
-      while (above + count[cut_rank] < kept) above += count[cut_rank++];
-      int64_t room = kept - above;  // of the values at the cut, the lowest ids stay
+      while (above + count[cut_rank] < kept[r]) above += count[cut_rank++];
+      int64_t room = kept[r] - above;  // of the values at the cut, the lowest ids stay
       const uint16_t* row = in + r * v;
       uint16_t* out = out_bits + r * v;
       for (int64_t i = 0; i < v; ++i) {
