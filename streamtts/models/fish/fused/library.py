@@ -35,8 +35,9 @@ LIBRARY_NAME = "streamtts_fused"
 # No -march=native: a library built once may be loaded on another x86-64 host (a shared cache
 # volume); row_linear's AVX512-BF16 code is compiled for that target alone and runs only where
 # the CPU has it. OpenMP: row_linear's at::parallel_for runs on torch's own threads (its
-# libgomp, by soname), so torch.set_num_threads sizes it.
-BUILD_FLAGS = ("-O2", "-fopenmp")
+# libgomp, by soname), so torch.set_num_threads sizes it. No contraction of a product and a sum
+# into a fused multiply-add, which would round them once where the Python kernels round twice.
+BUILD_FLAGS = ("-O2", "-fopenmp", "-ffp-contract=off")
 
 
 class FusedUnavailable(RuntimeError):

@@ -3,7 +3,9 @@
 // The same ATen calls, in the same order and with the same arguments, as the Python pass
 // (streamtts.models.fish.llm.generate.fast_codes over packed layers: DualARTransformer.fast_step,
 // TransformerBlock.decode_position, sampling.sample with top-p by sorting), so every result bit
-// is the Python pass's. What it removes is the interpreter between ~1100 small kernels a frame.
+// is the Python pass's; but the rotation of q and k, one loop with the same roundings
+// (packed_ops.h: rotate_pairs_rounded). What it removes is the interpreter between ~1100 small
+// kernels a frame.
 // Built at first use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model dim,
 // H query heads, G KV heads, Dh head dim, C codebooks, K codebook size, W repetition window,
 // L layers.
@@ -26,6 +28,7 @@ using streamtts_fused::kNormsPerLayer;
 using streamtts_fused::kTensorsPerLayer;
 using streamtts_fused::packed_linear;
 using streamtts_fused::rms_norm;
+using streamtts_fused::rotate_pairs_rounded;
 
 constexpr double kMinTemperature = 1e-5;  // sampling.MIN_TEMPERATURE
 
@@ -56,9 +59,7 @@ Tensor decode_position(Tensor x, int64_t pos, const Layers& layers) {
     // Attention.decode_position
     Tensor qkv = packed_linear(rms_norm(x, norm[0], layers.eps), packed[0], layers.qkv_bias.get(l));
     Tensor v = qkv.narrow(-1, (n_q + n_kv) * dh, n_kv * dh);  // [B, G·Dh]
-    Tensor x32 = qkv.narrow(-1, 0, (n_q + n_kv) * dh).to(at::kFloat).view({b, n_q + n_kv, dh});
-    Tensor swapped = x32.view({b, n_q + n_kv, dh / 2, 2}).flip({-1}).flatten(-2);
-    Tensor qk = x32.mul(cos).add(swapped.mul(sin)).to(dtype);  // [B,H+G,Dh] (rotate_pairs)
+    Tensor qk = rotate_pairs_rounded(qkv, n_q + n_kv, dh, cos, sin);  // [B,H+G,Dh]
     keys.select(2, pos).copy_(qk.narrow(1, n_q, n_kv));  // [B,G,Dh]
     values.select(2, pos).copy_(v.view({b, n_kv, dh}));
     const auto wide = keys.scalar_type();

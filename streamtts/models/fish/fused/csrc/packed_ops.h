@@ -43,6 +43,44 @@ inline Tensor head_outputs(const Tensor& y, int64_t width) {
   return y.size(-1) == width ? y : y.narrow(-1, 0, width).contiguous();
 }
 
+// rotate_pairs (llama.py) over the first `heads` heads of each row, rounded to the rows' dtype:
+// rows [B, >= heads·Dh] (its last dim contiguous), cos and sin [B, Dh] (a row each) or [Dh]
+// (one for all), fp32 -> [B, heads, Dh]. Each value is x·cos + swapped·sin with the Python
+// kernels' fp32 roundings (x32 * cos + swapped * sin: two products and a sum, each rounded;
+// no fused multiply-add, which the build's -ffp-contract=off keeps out), then rounded to
+// nearest even as .to(dtype) rounds: the same bits, in one loop instead of six kernels.
+inline Tensor rotate_pairs_rounded(const Tensor& rows, int64_t heads, int64_t dh,
+                                   const Tensor& cos, const Tensor& sin) {
+  TORCH_CHECK(rows.dim() == 2 && rows.stride(1) == 1 && rows.size(1) >= heads * dh && dh % 2 == 0,
+              "rotate_pairs_rounded: rows must be [B, >= heads * Dh], Dh even");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.sizes() == cos.sizes() &&
+                  cos.size(-1) == dh && (cos.dim() == 1 || cos.size(0) == rows.size(0)),
+              "rotate_pairs_rounded: cos and sin must be fp32 [B, Dh] or [Dh]");
+  const int64_t b = rows.size(0), row_stride = rows.stride(0);
+  const Tensor c = cos.contiguous(), s = sin.contiguous();
+  const int64_t trig_stride = c.dim() == 2 ? dh : 0;
+  Tensor out = at::empty({b, heads, dh}, rows.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, rows.scalar_type(),
+                                  "rotate_pairs_rounded", [&] {
+    const scalar_t* x = rows.const_data_ptr<scalar_t>();
+    const float* cos_row = c.const_data_ptr<float>();
+    const float* sin_row = s.const_data_ptr<float>();
+    scalar_t* y = out.mutable_data_ptr<scalar_t>();
+    for (int64_t i = 0; i < b; ++i, x += row_stride, cos_row += trig_stride,
+                 sin_row += trig_stride) {
+      for (int64_t h = 0; h < heads; ++h, y += dh) {
+        const scalar_t* head = x + h * dh;
+        for (int64_t j = 0; j < dh; ++j) {
+          const float product = static_cast<float>(head[j]) * cos_row[j];
+          const float swapped = static_cast<float>(head[j ^ 1]) * sin_row[j];
+          y[j] = static_cast<scalar_t>(product + swapped);
+        }
+      }
+    }
+  });
+  return out;
+}
+
 // RMSNorm.forward: normalised in fp32 and rounded once (at::rms_norm), then times the weight.
 inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return at::rms_norm(x, {x.size(-1)}, std::nullopt, eps).mul(weight);

@@ -3,8 +3,9 @@
 // The same ATen calls, in the same order and with the same arguments, as the Python step
 // (streamtts.models.fish.llm.llama.DualARTransformer.decode_slow over packed layers: embed,
 // the RoPE rows of each row's position, every block with its KV written at (slot, position),
-// attention by decode_attention or SDPA, the head), so every result bit is the Python step's.
-// It removes the interpreter between the ~30 kernels of each of the 24 layers. Built at first
+// attention by decode_attention or SDPA, the head), so every result bit is the Python step's;
+// but the rotation of q and k, one loop with the same roundings (packed_ops.h:
+// rotate_pairs_rounded). It removes the interpreter between the ~30 kernels of each of the 24 layers. Built at first
 // use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model dim, V vocabulary,
 // H query heads, G KV heads, Dh head dim, C codebooks, L keys read (padded kv_len).
 
@@ -29,6 +30,7 @@ using streamtts_fused::kNormsPerLayer;
 using streamtts_fused::kTensorsPerLayer;
 using streamtts_fused::packed_linear;
 using streamtts_fused::rms_norm;
+using streamtts_fused::rotate_pairs_rounded;
 
 // DualARTransformer.embed: token columns [B, C+1, S] -> [B, S, D].
 Tensor embed(const Tensor& tokens_in, const Tensor& embeddings, const Tensor& codebook_embeddings,
@@ -72,9 +74,9 @@ std::tuple<Tensor, Tensor> slow_step(
   }
   Tensor x = embed(tokens, embeddings, codebook_embeddings, codebook_size, semantic_begin,
                    semantic_end);  // [B,1,D]
-  const Tensor table = rope.index({positions}).unsqueeze(1);  // [B,1,2,Dh]
-  const Tensor cos = table.select(2, 0).unsqueeze(2);         // [B,1,1,Dh] (apply_rope)
-  const Tensor sin = table.select(2, 1).unsqueeze(2);
+  const Tensor table = rope.index({positions});  // [B,2,Dh]
+  const Tensor cos = table.select(1, 0);         // [B,Dh] (apply_rope)
+  const Tensor sin = table.select(1, 1);
   const int64_t q_dim = n_q * dh, kv_dim = n_kv * dh, heads = n_q + n_kv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   const auto dtype = x.scalar_type();
@@ -84,9 +86,8 @@ std::tuple<Tensor, Tensor> slow_step(
     // Attention.forward at one position per row
     Tensor qkv = packed_linear(rms_norm(x, norm[0], eps), w[0], qkv_bias.get(l));  // [B,1,(H+2G)Dh]
     std::vector<Tensor> parts = qkv.split_with_sizes({q_dim + kv_dim, kv_dim}, -1);
-    Tensor x32 = parts[0].reshape({b, 1, heads, dh}).to(at::kFloat);
-    Tensor swapped = x32.reshape({b, 1, heads, -1, 2}).flip({-1}).flatten(-2);
-    Tensor qk = x32.mul(cos).add(swapped.mul(sin)).to(dtype);  // [B,1,H+G,Dh]
+    Tensor qk = rotate_pairs_rounded(qkv.view({b, -1}), heads, dh, cos, sin)
+                    .view({b, 1, heads, dh});  // [B,1,H+G,Dh]
     std::vector<Tensor> qk_parts = qk.split_with_sizes({n_q, n_kv}, 2);
     Tensor q = qk_parts[0].transpose(1, 2);  // [B,H,1,Dh]
     Tensor k = qk_parts[1].transpose(1, 2);  // [B,G,1,Dh]
