@@ -42,7 +42,7 @@ from streamtts.models.fish.llm.generate import (
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
 from streamtts.models.fish.llm.sampling import BatchSampling, SamplingParams
 from streamtts.models.fish.packed import PackedLinear
-from streamtts.opprofile import op_profile
+from streamtts.opprofile import op_profile, start_profiler_here
 
 SENTENCE_60_CHARS = "The weather is lovely today, so let us walk down to the sea."
 BANDWIDTH_BYTES = 1 << 30
@@ -390,6 +390,8 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         # Graphs compiled but timed no faster than eager at start, so run eager.
         "compiled_but_eager": info["compiled_but_eager"],
     }
+    if options.op_profile:
+        start_profiler_here()
     result.update(await engine.profile(lambda passes: measure_stages(passes, options)))
     progress("  end to end ...")
     e2e = await end_to_end(engine, options.repeats)

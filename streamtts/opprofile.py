@@ -32,6 +32,16 @@ MATRIX_PRODUCT_OPS = frozenset(
 )
 
 
+def start_profiler_here() -> None:
+    """Profile nothing once on the calling thread. The profiler's backend (kineto) takes the
+    first thread that profiles as its own; profiled first from another thread (the engine's,
+    where :func:`op_profile` runs) it prints "ERROR: External init callback must run in same
+    thread as registerClient", though the profile is complete. Called on the main thread
+    before, it prints nothing."""
+    with profile(activities=[ProfilerActivity.CPU]):
+        pass
+
+
 def op_profile(frame: Callable[[], object], passes: int = PROFILED_PASSES) -> dict[str, Any]:
     """Profile ``frame()`` (one codebook pass) ``passes`` times after a warm-up."""
     frame()
