@@ -6,10 +6,17 @@ compiler and ninja, about 20-40 s once on the 2-core dev CPU) into
 default), the key naming the sources, the flags and torch's version; a later start, or another
 process, loads it from there with no compiler. Where it cannot be built, the caller gets
 :class:`FusedUnavailable` with the reason.
+
+Every change of sources, flags or torch makes a new key, so a start marks the library it loads
+as used (its file's time), and a build removes the libraries of other keys that no start has
+used for :data:`UNUSED_FOR_S` (another version's, say, on a cache volume several pods share)
+and the folders of builds abandoned for :data:`ABANDONED_AFTER_S`: the folder stays bounded
+across upgrades.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -38,6 +45,9 @@ LIBRARY_NAME = "streamtts_fused"
 # libgomp, by soname), so torch.set_num_threads sizes it. No contraction of a product and a sum
 # into a fused multiply-add, which would round them once where the Python kernels round twice.
 BUILD_FLAGS = ("-O2", "-fopenmp", "-ffp-contract=off")
+UNUSED_FOR_S = 30 * 24 * 3600.0
+ABANDONED_AFTER_S = 3600.0  # a build folder no process has written to for this long
+BUILD_PREFIX = "build-"
 
 
 class FusedUnavailable(RuntimeError):
@@ -70,6 +80,7 @@ def load_library() -> None:
     """Load the ops' library, building it first where none is kept (once per process)."""
     library = library_path()
     if library.exists():
+        _mark_used(library)
         try:
             torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
         except OSError as exc:  # e.g. built against another libtorch under the same key
@@ -77,7 +88,7 @@ def load_library() -> None:
         return
     # Built in a directory of this process's own, then moved into place in one rename: a
     # process starting meanwhile sees the whole library or none.
-    build = library.parent / f"build-{os.getpid()}"
+    build = library.parent / f"{BUILD_PREFIX}{os.getpid()}"
     log.info("building the fused decode ops (once, ~20-40 s) into %s", library.parent)
     started_s = time.perf_counter()
     try:
@@ -96,6 +107,48 @@ def load_library() -> None:
     os.replace(build / f"{LIBRARY_NAME}.so", library)
     shutil.rmtree(build, ignore_errors=True)
     log.info("built the fused decode ops in %.1f s", time.perf_counter() - started_s)
+    remove_stale(library)
+
+
+def _mark_used(library: Path) -> None:
+    """Set the library's file time to now: it was used (a read-only folder: left as it is)."""
+    with contextlib.suppress(OSError):
+        os.utime(library)
+
+
+def remove_stale(kept: Path) -> list[Path]:
+    """Beside the library ``kept``, remove the libraries of other keys unused for
+    :data:`UNUSED_FOR_S` and build folders abandoned for :data:`ABANDONED_AFTER_S` (a key's
+    folder with nothing left goes too); what was removed. Another process removing the same
+    at once is no error."""
+    now_s = time.time()
+    removed: list[Path] = []
+    for folder in sorted(kept.parent.parent.glob(f"{LIBRARY_NAME}-*")):
+        if not folder.is_dir():
+            continue
+        library = folder / kept.name
+        if folder != kept.parent and _older_than(library, UNUSED_FOR_S, now_s):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+            continue
+        for build in folder.glob(f"{BUILD_PREFIX}*"):
+            if _older_than(build, ABANDONED_AFTER_S, now_s):
+                shutil.rmtree(build, ignore_errors=True)
+                removed.append(build)
+        if folder != kept.parent and not library.exists():
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only where empty
+                removed.append(folder)
+    if removed:
+        log.info("removed %d stale builds of the fused decode ops", len(removed))
+    return removed
+
+
+def _older_than(path: Path, age_s: float, now_s: float) -> bool:
+    try:
+        return now_s - path.stat().st_mtime > age_s
+    except OSError:  # gone meanwhile, or never made
+        return False
 
 
 if __name__ == "__main__":

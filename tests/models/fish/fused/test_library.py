@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,44 @@ def test_a_library_that_cannot_be_built_is_unavailable_and_not_kept(
     with pytest.raises(FusedUnavailable, match="building streamtts_fused failed"):
         library.load_library.__wrapped__()
     assert not kept.exists()
+
+
+def test_a_build_removes_other_keys_libraries_unused_for_a_month_and_abandoned_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    kept = library.library_path()
+    now_s = time.time()
+
+    def made(relative: str, age_s: float, is_file: bool = True) -> Path:
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if is_file:
+            path.write_bytes(b"so")
+        else:
+            path.mkdir()
+        os.utime(path, (now_s - age_s, now_s - age_s))
+        return path
+
+    day_s = 24 * 3600.0
+    made(str(kept.relative_to(tmp_path)), 90 * day_s)  # this key's own: never removed
+    old = made("streamtts_fused-aaaa/streamtts_fused.so", 31 * day_s)
+    recent = made("streamtts_fused-bbbb/streamtts_fused.so", 29 * day_s)
+    crashed = made("streamtts_fused-cccc/build-123", 2 * 3600.0, is_file=False)
+    building = made("streamtts_fused-dddd/build-456", 60.0, is_file=False)
+    own_crashed = made(f"{kept.parent.name}/build-789", 2 * 3600.0, is_file=False)
+    other_extension = made("another_ext-eeee/another_ext.so", 400 * day_s)
+    removed = library.remove_stale(kept)
+    assert set(removed) == {old.parent, crashed, crashed.parent, own_crashed}
+    assert kept.exists() and recent.exists() and building.exists() and other_extension.exists()
+    assert not old.parent.exists() and not crashed.parent.exists() and not own_crashed.exists()
+    assert library.remove_stale(kept) == []  # nothing more, and no error
+
+
+def test_loading_marks_the_library_used(tmp_path: Path) -> None:
+    used = tmp_path / "streamtts_fused.so"
+    used.write_bytes(b"so")
+    os.utime(used, (0, 0))
+    library._mark_used(used)
+    assert time.time() - used.stat().st_mtime < 60
+    library._mark_used(tmp_path / "missing.so")  # no error where it cannot be marked
