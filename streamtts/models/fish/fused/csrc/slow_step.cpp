@@ -5,9 +5,10 @@
 // the RoPE rows of each row's position, every block with its KV written at (slot, position),
 // attention by decode_attention or SDPA, the head), so every result bit is the Python step's;
 // but the rotation of q and k, one loop with the same roundings (packed_ops.h:
-// rotate_pairs_rounded). It removes the interpreter between the ~30 kernels of each of the 24 layers. Built at first
-// use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model dim, V vocabulary,
-// H query heads, G KV heads, Dh head dim, C codebooks, L keys read (padded kv_len).
+// rotate_pairs_rounded). It removes the interpreter between the ~30 kernels of each of the 24
+// layers. Built at first use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model
+// dim, V vocabulary, H query heads, G KV heads, Dh head dim, C codebooks, L keys read (padded
+// kv_len).
 
 #include <torch/library.h>
 
@@ -79,19 +80,17 @@ std::tuple<Tensor, Tensor> slow_step(
   const Tensor sin = table.select(1, 1);
   const int64_t q_dim = n_q * dh, kv_dim = n_kv * dh, heads = n_q + n_kv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  const auto dtype = x.scalar_type();
   for (int64_t l = 0; l < n_layers; ++l) {
     const Tensor* norm = &norms[kNormsPerLayer * l];
     const Tensor* w = &packed[kTensorsPerLayer * l];
     // Attention.forward at one position per row
     Tensor qkv = packed_linear(rms_norm(x, norm[0], eps), w[0], qkv_bias.get(l));  // [B,1,(H+2G)Dh]
-    std::vector<Tensor> parts = qkv.split_with_sizes({q_dim + kv_dim, kv_dim}, -1);
     Tensor qk = rotate_pairs_rounded(qkv.view({b, -1}), heads, dh, cos, sin)
                     .view({b, 1, heads, dh});  // [B,1,H+G,Dh]
     std::vector<Tensor> qk_parts = qk.split_with_sizes({n_q, n_kv}, 2);
     Tensor q = qk_parts[0].transpose(1, 2);  // [B,H,1,Dh]
     Tensor k = qk_parts[1].transpose(1, 2);  // [B,G,1,Dh]
-    Tensor v = parts[1].view({b, 1, n_kv, dh}).transpose(1, 2);
+    Tensor v = qkv.narrow(-1, q_dim + kv_dim, kv_dim).view({b, 1, n_kv, dh}).transpose(1, 2);
     // Written through the whole cache, as decode_slow writes it.
     Tensor layer_index = at::full_like(slots, l);
     Tensor(cache_k).index_put_({layer_index, slots, Slice(), positions}, k.select(2, 0));
