@@ -39,8 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamtts.retention import ABANDONED_AFTER_S, UNUSED_FOR_S
-
 log = logging.getLogger(__name__)
 
 OFF = "off"
@@ -49,9 +47,11 @@ FORMAT_VERSION = 2
 # Every key is new once the code, a library or the CPU changes, so older entries are removed
 # when one is stored: a voice keeps its most recently used entries (one per code version,
 # CPU or thread setting still in use, e.g. nodes of different CPUs sharing the folder), and an
-# entry not used for a month goes whatever its voice (streamtts.retention); parts' folders
-# and partial files of no entry are another writer's until ABANDONED_AFTER_S old.
+# entry not used for a month goes whatever its voice.
 ENTRIES_PER_VOICE = 3
+UNUSED_FOR_S = 30 * 24 * 3600.0
+# Parts' folders and partial files of no entry are another writer's until this old.
+ABANDONED_AFTER_S = 3600.0
 # The libraries whose kernels, graph tools or phonemizer shape what calibration finds.
 LIBRARIES = ("onnxruntime", "onnx", "piper-tts")
 _PIPER_PACKAGE_DIR = Path(__file__).resolve().parent

@@ -28,8 +28,6 @@ from pathlib import Path
 
 import torch
 
-from streamtts.retention import ABANDONED_AFTER_S, UNUSED_FOR_S
-
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
@@ -47,6 +45,10 @@ LIBRARY_NAME = "streamtts_fused"
 # libgomp, by soname), so torch.set_num_threads sizes it. No contraction of a product and a sum
 # into a fused multiply-add, which would round them once where the Python kernels round twice.
 BUILD_FLAGS = ("-O2", "-fopenmp", "-ffp-contract=off")
+# The Piper calibration cache's policy (streamtts.piper.calibration_cache), stated again: an
+# image build runs this file by path, with nothing of the package importable.
+UNUSED_FOR_S = 30 * 24 * 3600.0
+ABANDONED_AFTER_S = 3600.0  # a build folder no process has written to for this long
 BUILD_PREFIX = "build-"
 
 
