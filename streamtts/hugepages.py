@@ -2,14 +2,16 @@
 
 A decode step streams every weight once (~1.9 GB for Fish-Speech 1.5 in bf16), so on 4 KiB
 pages it walks ~460,000 page-table entries a step. torch backs each CPU allocation of 2 MiB and
-more with transparent huge pages when ``THP_MEM_ALLOC_ENABLE=1`` (its allocator aligns it and
-``madvise``s ``MADV_HUGEPAGE``; read once, at its first allocation, so it must be set before
-torch is imported). The command line sets it unless the environment already says otherwise:
-on the 2-core dev CPU (2026-12-05, bf16, ``synthetic:1.5``, five alternating pairs) the slow
-step took 54-57 ms with it against 57-61 ms without, the decode step 113-126 against 119-139
-ms, for ~100 MB more resident memory (docs/operations.md, "Huge pages"). It takes effect where
-the kernel's THP mode is ``madvise`` or ``always`` (``/sys/kernel/mm/transparent_hugepage/
-enabled``), not ``never``.
+more with transparent huge pages when ``THP_MEM_ALLOC_ENABLE=1`` (its allocator ``madvise``s
+``MADV_HUGEPAGE``; read once, at its first allocation, so it must be set before torch is
+imported). torch 2.13 does not align such an allocation to 2 MiB, so only the whole huge pages
+inside it are huge: the paired weights lie in one aligned buffer for that
+(:mod:`streamtts.models.fish.fused.arena`). The command line sets it unless the environment
+already says otherwise: on the 2-core dev CPU (2026-12-05, bf16, ``synthetic:1.5``, five
+alternating pairs) the slow step took 54-57 ms with it against 57-61 ms without, the decode
+step 113-126 against 119-139 ms, for ~100 MB more resident memory (docs/operations.md, "Huge
+pages"). It takes effect where the kernel's THP mode is ``madvise`` or ``always``
+(``/sys/kernel/mm/transparent_hugepage/enabled``), not ``never``.
 """
 
 from __future__ import annotations

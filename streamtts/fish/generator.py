@@ -351,6 +351,7 @@ class GeneratorWorker(Worker[_Command]):
             job.prefill_pos,
             stream.rng,
             upstream_draws=UPSTREAM_DRAWS,
+            fast=self._fast,  # the decode steps' pass: fused (or compiled) where they have it
         )
         stream.conversation.prefilled(job.prompt)
         if job.keep_prefix:

@@ -60,11 +60,17 @@ class PackedLinear(nn.Module):
     packed: torch.Tensor
     bias: torch.Tensor | None
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        packed: torch.Tensor | None = None,
+    ) -> None:
+        """``packed``: ``weight`` already in this class's layout (None: packed here)."""
         super().__init__()
         self.out_features, self.in_features = (int(n) for n in weight.shape)
         self.weight_bytes = weight.numel() * weight.element_size()
-        self.packed = self._pack(weight.detach())
+        self.packed = self._pack(weight.detach()) if packed is None else packed
         self.register_buffer("bias", None if bias is None else bias.detach())
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor:

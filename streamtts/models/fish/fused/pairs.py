@@ -24,6 +24,7 @@ import functools
 import torch
 from torch import nn
 
+from streamtts.models.fish.fused.arena import arena_slices
 from streamtts.models.fish.fused.library import FusedUnavailable, load_library
 from streamtts.models.fish.llm.llama import DualARTransformer
 from streamtts.models.fish.packed import PackedLinear
@@ -44,34 +45,52 @@ def padded_outputs(out_features: int) -> int:
     return -(-out_features // OUTPUTS_PER_TASK) * OUTPUTS_PER_TASK
 
 
-def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
+def pairs_shape(weight: torch.Tensor) -> tuple[int, int, int, int]:
+    """The shape :func:`pack_pairs` gives ``weight`` [N, K]: [⌈N/64⌉, K/2, 64, 2]."""
+    n, k = weight.shape
+    return padded_outputs(n) // OUTPUTS_PER_TASK, k // 2, OUTPUTS_PER_TASK, 2
+
+
+def pack_pairs(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """[N, K] → [⌈N/64⌉, K/2, 64, 2]: per task of 64 outputs and input pair j, the outputs'
-    (w[n, 2j], w[n, 2j+1]), contiguous; outputs beyond N (the last task's padding) weigh 0."""
+    (w[n, 2j], w[n, 2j+1]), contiguous; outputs beyond N (the last task's padding) weigh 0.
+    Written into ``out`` (contiguous, of :func:`pairs_shape`) where given."""
     n, k = weight.shape
     tasks = padded_outputs(n) // OUTPUTS_PER_TASK
     full = n // OUTPUTS_PER_TASK  # tasks without padding
-    packed = weight.new_empty(tasks, k // 2, OUTPUTS_PER_TASK, 2)
+    if out is None:
+        out = weight.new_empty(pairs_shape(weight))
+    if out.shape != pairs_shape(weight) or not out.is_contiguous() or out.dtype != weight.dtype:
+        raise ValueError(f"pack_pairs: out must be contiguous {weight.dtype} {pairs_shape(weight)}")
     rows = weight[: full * OUTPUTS_PER_TASK].reshape(full, OUTPUTS_PER_TASK, k // 2, 2)
-    packed[:full].copy_(rows.permute(0, 2, 1, 3))
+    out[:full].copy_(rows.permute(0, 2, 1, 3))
     if full < tasks:
         last = weight.new_zeros(OUTPUTS_PER_TASK, k)
         last[: n - full * OUTPUTS_PER_TASK] = weight[full * OUTPUTS_PER_TASK :]
-        packed[full].copy_(last.reshape(OUTPUTS_PER_TASK, k // 2, 2).permute(1, 0, 2))
-    return packed
+        out[full].copy_(last.reshape(OUTPUTS_PER_TASK, k // 2, 2).permute(1, 0, 2))
+    return out
 
 
 class PairedLinear(PackedLinear):
     """``y = x @ weightᵀ + bias`` with the weight in the pairs layout (:func:`pack_pairs`). The
     bias, if any, is padded as the weight is, so the fused ops pass it to the kernel as it is."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        into: torch.Tensor | None = None,
+    ) -> None:
+        """``into``: where the packed weight goes (a slice of :func:`arena.arena_slices`; None:
+        a tensor of its own)."""
         padding = padded_outputs(weight.shape[0]) - weight.shape[0]
         if bias is not None and padding:
             bias = torch.cat([bias.detach(), bias.new_zeros(padding)])
-        super().__init__(weight, bias)
+        super().__init__(weight, bias, pack_pairs(weight.detach(), into))
 
-    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
-        return pack_pairs(weight)
+    @classmethod
+    def into_slice(cls, linear: nn.Linear, into: torch.Tensor) -> PairedLinear:
+        return cls(linear.weight, linear.bias, into)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = torch.ops.streamtts_fused.row_linear(x, self.packed, self.bias)
@@ -108,14 +127,28 @@ def slow_layers_pair() -> bool:
 def pair_linears_(model: DualARTransformer, slow: bool) -> int:
     """Replace the fast layers' and the codebook head's ``nn.Linear`` of fitting shape, and
     with ``slow`` every other one's, by :class:`PairedLinear`, before the rest is packed.
-    Returns how many layers are paired."""
+    The paired weights lie end to end in one buffer on huge pages, in the model's order
+    (:mod:`streamtts.models.fish.fused.arena`). Returns how many layers are paired."""
     fast = {id(m) for m in (*model.fast_layers.modules(), model.fast_output)}
     heads = {id(model.output), id(model.fast_output)}
+    chosen = [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+        and (slow or id(m) in fast)
+        and pairs_fit(m.weight, id(m) in heads)
+    ]
+    if not chosen:
+        return 0
+    shapes = [pairs_shape(m.weight) for m in chosen]
+    weight = chosen[0].weight
+    slices = dict(
+        zip(map(id, chosen), arena_slices(shapes, weight.dtype, weight.device), strict=True)
+    )
 
     def build(linear: nn.Linear) -> nn.Module:
-        if (slow or id(linear) in fast) and pairs_fit(linear.weight, id(linear) in heads):
-            return PairedLinear.from_linear(linear)
-        return linear
+        into = slices.get(id(linear))
+        return linear if into is None else PairedLinear.into_slice(linear, into)
 
     replace_linears_(model, build)
     return sum(isinstance(m, PairedLinear) for m in model.modules())

@@ -139,16 +139,19 @@ def prefill_frame(
     start_pos: int = 0,
     generator: torch.Generator | None = None,
     upstream_draws: bool = True,
+    fast: FastCodes = fast_codes,
 ) -> torch.Tensor:
     """Prefill ``prompt`` [C+1, S] into ``slot`` from ``start_pos``; sample its first frame [C+1].
 
     ``sampling`` holds one row; ``generator``: the sequence's own (``None``: the default one,
-    drawn from as ``upstream_draws`` says: :func:`frame_noise`). For a chunked prefill, call
+    drawn from as ``upstream_draws`` says: :func:`frame_noise`). ``fast`` runs the frame's
+    codebook pass, as in :func:`decode_step`. For a chunked prefill, call
     :meth:`DualARTransformer.prefill` for the earlier chunks and this for the last one.
     """
     out = model.prefill(cache, prompt, slot, start_pos)
     noise = frame_noise(model, 1, [generator], upstream_draws)
-    return sample_frame(model, cache, out.logits[None], out.hidden[None], sampling, None, noise)[0]
+    logits, hidden = out.logits[None], out.hidden[None]  # [1, V], [1, D]
+    return sample_frame(model, cache, logits, hidden, sampling, None, noise, fast)[0]
 
 
 def decode_step(

@@ -8,12 +8,14 @@ import torch.nn.functional as F
 
 from streamtts.fish.load import prepare_llm
 from streamtts.fish.settings import FishSettings
+from streamtts.models.fish.fused.arena import HUGE_PAGE_BYTES
 from streamtts.models.fish.fused.pairs import (
     OUTPUTS_PER_TASK,
     PairedLinear,
     pack_pairs,
     pair_linears_,
     pairs_fit,
+    pairs_shape,
     products,
     why_not_paired,
 )
@@ -49,6 +51,17 @@ def test_a_layout_of_part_tasks_pads_the_last_with_zero_weights() -> None:
     assert packed.shape == (2, 2, OUTPUTS_PER_TASK, 2) and packed.is_contiguous()
     assert packed[1, 1, 35, 0] == weight[99, 2]
     assert bool((packed[1, :, 36:] == 0).all()) and bool((packed[1, :, :36] != 0).all())
+
+
+def test_a_layout_packs_into_a_given_tensor_and_refuses_a_wrong_one() -> None:
+    weight = torch.arange(100 * 4, dtype=torch.float32).reshape(100, 4).bfloat16()
+    into = torch.full(pairs_shape(weight), 7, dtype=torch.bfloat16)
+    assert pack_pairs(weight, into) is into
+    assert torch.equal(into, pack_pairs(weight))  # padding zeroed, not left as it was
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        pack_pairs(weight, torch.empty(2, 2, OUTPUTS_PER_TASK, 3, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        pack_pairs(weight, into.float())
 
 
 def test_bf16_weights_of_even_inputs_fit_and_only_heads_need_not_be_whole_tasks() -> None:
@@ -156,6 +169,30 @@ def test_prepare_llm_pairs_the_fast_layers_and_without_amx_the_slow_ones(
     plain = load_synthetic("tiny", torch.float32, "cpu", seed=2).model
     prepare_llm(plain, FishSettings(dtype="fp32"))
     assert products(plain.fast_layers) == "aten"
+
+
+@pytest.mark.usefixtures("paired_here")
+def test_paired_weights_lie_end_to_end_on_huge_pages_in_the_model_s_order() -> None:
+    model = load_synthetic("tiny", torch.bfloat16, "cpu", seed=2).model
+    linears = [
+        (parent, name, child.weight.detach().clone())
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, torch.nn.Linear)
+    ]
+    count = pair_linears_(model, slow=True)
+    paired = [m for m in model.modules() if isinstance(m, PairedLinear)]
+    assert count == len(paired) > 2
+    assert paired[0].packed.data_ptr() % HUGE_PAGE_BYTES == 0
+    for before, after in zip(paired, paired[1:], strict=False):
+        end = before.packed.data_ptr() + before.packed.numel() * before.packed.element_size()
+        assert after.packed.data_ptr() == end
+    checked = 0
+    for parent, name, weight in linears:
+        if isinstance(layer := getattr(parent, name), PairedLinear):
+            assert torch.equal(layer.packed, pack_pairs(weight))
+            checked += 1
+    assert checked == count
 
 
 @pytest.mark.usefixtures("paired_here")
