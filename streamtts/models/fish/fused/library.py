@@ -1,7 +1,8 @@
 """Building and loading the fused decode ops' library (``csrc/``).
 
 The library is compiled from its sources at first use (``torch.utils.cpp_extension``: a C++
-compiler and ninja, about 20-40 s once on the 2-core dev CPU) into
+compiler and ninja, about 20-40 s once on the 2-core dev CPU; ninja from the ``PATH``, else
+the one the ``fish`` extra installs beside this interpreter) into
 ``<TORCH_EXTENSIONS_DIR>/streamtts_fused-<key>`` (``$XDG_CACHE_HOME/torch_extensions`` by
 default), the key naming the sources, the flags and torch's version; a later start, or another
 process, loads it from there with no compiler. Where it cannot be built, the caller gets
@@ -22,8 +23,10 @@ import hashlib
 import logging
 import os
 import shutil
+import sysconfig
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -95,21 +98,46 @@ def load_library() -> None:
     started_s = time.perf_counter()
     try:
         build.mkdir(parents=True, exist_ok=True)
-        _cpp_extension().load(
-            name=LIBRARY_NAME,
-            sources=[str(source) for source in SOURCES],
-            extra_cflags=list(BUILD_FLAGS),
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            is_python_module=False,
-            verbose=False,
-        )
+        with _ninja_on_path():
+            _cpp_extension().load(
+                name=LIBRARY_NAME,
+                sources=[str(source) for source in SOURCES],
+                extra_cflags=list(BUILD_FLAGS),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build),
+                is_python_module=False,
+                verbose=False,
+            )
     except (OSError, RuntimeError, ImportError) as exc:  # no compiler or ninja: a clear reason
         raise FusedUnavailable(f"building {LIBRARY_NAME} failed: {exc}") from exc
     os.replace(build / f"{LIBRARY_NAME}.so", library)
     shutil.rmtree(build, ignore_errors=True)
     log.info("built the fused decode ops in %.1f s", time.perf_counter() - started_s)
     remove_stale(library)
+
+
+def build_search_path(path: str, scripts: str) -> str:
+    """The ``PATH`` a build runs with: ``path``, and after it ``scripts`` (this interpreter's
+    scripts folder) where that holds ninja and ``path`` does not. PyPI's ``ninja``, which the
+    ``fish`` extra installs, puts it there, where a virtual environment that was not activated
+    (``.venv/bin/streamtts serve``) has it off the ``PATH``."""
+    if shutil.which("ninja", path=path) is not None or shutil.which("ninja", path=scripts) is None:
+        return path
+    return os.pathsep.join(folder for folder in (path, scripts) if folder)
+
+
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """torch runs ninja from the ``PATH``: the build's, for its duration."""
+    saved = os.environ.get("PATH")
+    os.environ["PATH"] = build_search_path(saved or os.defpath, sysconfig.get_path("scripts"))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = saved
 
 
 def _mark_used(library: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sysconfig
 import time
 from pathlib import Path
 
@@ -89,3 +91,43 @@ def test_loading_marks_the_library_used(tmp_path: Path) -> None:
     library._mark_used(used)
     assert time.time() - used.stat().st_mtime < 60
     library._mark_used(tmp_path / "missing.so")  # no error where it cannot be marked
+
+
+def _folder_with_ninja(folder: Path) -> str:
+    folder.mkdir()
+    ninja = folder / "ninja"
+    ninja.write_text("#!/bin/sh\n")
+    ninja.chmod(0o755)
+    return str(folder)
+
+
+def test_a_build_finds_ninja_beside_the_interpreter_when_the_path_has_none(
+    tmp_path: Path,
+) -> None:
+    scripts = _folder_with_ninja(tmp_path / "venv-bin")
+    elsewhere = _folder_with_ninja(tmp_path / "usr-bin")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    without = str(plain)
+    assert library.build_search_path(without, scripts) == os.pathsep.join((without, scripts))
+    assert library.build_search_path(elsewhere, scripts) == elsewhere  # the PATH's goes first
+    assert library.build_search_path(without, without) == without  # nowhere to find one
+    assert library.build_search_path("", scripts) == scripts
+
+
+def test_the_fish_extra_puts_ninja_where_a_build_finds_it() -> None:
+    """PyPI's ninja (a dependency of the fish extra) is in this interpreter's scripts folder,
+    so a build finds it even from a PATH without any."""
+    scripts = sysconfig.get_path("scripts")
+    assert shutil.which("ninja", path=library.build_search_path("", scripts)) is not None
+
+
+def test_a_build_restores_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    monkeypatch.setenv("PATH", str(plain))
+    scripts = _folder_with_ninja(tmp_path / "venv-bin")
+    monkeypatch.setattr(sysconfig, "get_path", lambda name: scripts)
+    with library._ninja_on_path():
+        assert shutil.which("ninja") == str(Path(scripts) / "ninja")
+    assert os.environ["PATH"] == str(plain)
