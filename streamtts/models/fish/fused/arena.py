@@ -26,9 +26,8 @@ def huge_page_aligned_empty(
 ) -> torch.Tensor:
     """A flat uninitialised tensor of ``numel`` elements whose first byte is 2 MiB-aligned (a
     view of a slightly larger allocation, which it keeps alive)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    raw = torch.empty(numel + HUGE_PAGE_BYTES // itemsize, dtype=dtype, device=device)
-    offset = (-raw.data_ptr() % HUGE_PAGE_BYTES) // itemsize
+    raw = torch.empty(numel + HUGE_PAGE_BYTES // dtype.itemsize, dtype=dtype, device=device)
+    offset = (-raw.data_ptr() % HUGE_PAGE_BYTES) // dtype.itemsize
     return raw[offset : offset + numel]
 
 

@@ -56,12 +56,13 @@ def pack_pairs(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.T
     (w[n, 2j], w[n, 2j+1]), contiguous; outputs beyond N (the last task's padding) weigh 0.
     Written into ``out`` (contiguous, of :func:`pairs_shape`) where given."""
     n, k = weight.shape
-    tasks = padded_outputs(n) // OUTPUTS_PER_TASK
+    shape = pairs_shape(weight)
+    tasks = shape[0]
     full = n // OUTPUTS_PER_TASK  # tasks without padding
     if out is None:
-        out = weight.new_empty(pairs_shape(weight))
-    if out.shape != pairs_shape(weight) or not out.is_contiguous() or out.dtype != weight.dtype:
-        raise ValueError(f"pack_pairs: out must be contiguous {weight.dtype} {pairs_shape(weight)}")
+        out = weight.new_empty(shape)
+    if out.shape != shape or not out.is_contiguous() or out.dtype != weight.dtype:
+        raise ValueError(f"pack_pairs: out must be contiguous {weight.dtype} {shape}")
     rows = weight[: full * OUTPUTS_PER_TASK].reshape(full, OUTPUTS_PER_TASK, k // 2, 2)
     out[:full].copy_(rows.permute(0, 2, 1, 3))
     if full < tasks:
