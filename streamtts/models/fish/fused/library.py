@@ -39,8 +39,9 @@ SOURCES = (
     CSRC / "slow_step.cpp",
     CSRC / "row_linear.cpp",
     CSRC / "top_p.cpp",
+    CSRC / "sample.cpp",
 )
-HEADERS = (CSRC / "packed_ops.h",)
+HEADERS = (CSRC / "packed_ops.h", CSRC / "ranks.h")
 LIBRARY_NAME = "streamtts_fused"
 # No -march=native: a library built once may be loaded on another x86-64 host (a shared cache
 # volume); row_linear's AVX512-BF16 code is compiled for that target alone and runs only where

@@ -184,6 +184,18 @@ def _counting_op() -> bool:
     return hasattr(torch.ops.streamtts_fused, "top_p_by_counting")
 
 
+def _sample_op_applies(logits: torch.Tensor) -> bool:
+    """16-bit CPU rows of a vocabulary under ``COUNTING_MIN_VOCAB``, outside a compiled graph,
+    with the fused ops' ``sample_tokens`` loaded."""
+    return (
+        logits.element_size() == 2
+        and logits.shape[-1] < COUNTING_MIN_VOCAB
+        and logits.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and hasattr(torch.ops.streamtts_fused, "sample_tokens")
+    )
+
+
 def top_p_filter_by_value_sort(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """:func:`top_p_filter_by_sorting` for fp32 CPU rows, sorting the values alone.
 
@@ -318,7 +330,27 @@ def sample(
 ) -> torch.Tensor:
     """Draw one id per row. logits: [B, V]; window: [B, W] previous ids or None; noise: [B, V]
     ``Exponential(1)`` draws in the logits dtype (drawn here from the default generator when
-    ``None``) → [B] int64."""
+    ``None``) → [B] int64.
+
+    Where the fused ops' library is loaded, 16-bit CPU rows of a vocabulary sorted by sorting
+    (a codebook's 1024) take its ``sample_tokens``: the same draw in one call (the softmaxes and
+    the cumulated sum are the same ATen calls, the rest plain loops with the same roundings)
+    and, at the cut, the counting filter's rule: of equal logits straddling it, the lowest ids
+    stay, where sorting leaves that to the sort. A large vocabulary (the slow token's) keeps
+    the calls below, whose kernels share a row between threads: as fast for one row, faster
+    for several."""
+    if _sample_op_applies(logits):
+        if noise is None:
+            noise = draw_noise(torch.empty_like(logits))
+        drawn: torch.Tensor = torch.ops.streamtts_fused.sample_tokens(
+            logits,
+            params.temperature,
+            params.top_p,
+            params.repetition_penalty,
+            window,
+            noise,
+        )
+        return drawn
     if window is not None:
         logits = apply_repetition_penalty(logits, window, params.repetition_penalty)
     logits = top_p_filter(logits, params.top_p)

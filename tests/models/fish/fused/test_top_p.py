@@ -7,18 +7,12 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from streamtts.models.fish.fused.library import FusedUnavailable, load_library
 from streamtts.models.fish.llm import sampling
 
 VOCAB = 102_048  # Fish-Speech 1.5's text vocabulary
 
 
-@pytest.fixture(scope="module", autouse=True)
-def library() -> None:
-    try:
-        load_library()
-    except FusedUnavailable as exc:
-        pytest.skip(str(exc))
+pytestmark = pytest.mark.usefixtures("fused_library")
 
 
 def python_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -2,10 +2,10 @@
 //
 // The same ATen calls, in the same order and with the same arguments, as the Python pass
 // (streamtts.models.fish.llm.generate.fast_codes over packed layers: DualARTransformer.fast_step,
-// TransformerBlock.decode_position, sampling.sample with top-p by sorting), so every result bit
-// is the Python pass's; but the rotation of q and k, one loop with the same roundings
-// (packed_ops.h: rotate_pairs_rounded). What it removes is the interpreter between ~1100 small
-// kernels a frame.
+// TransformerBlock.decode_position), so every result bit is the Python pass's; but the rotation
+// of q and k, one loop with the same roundings (packed_ops.h: rotate_pairs_rounded), and a
+// 16-bit codebook's draw, which both passes make with sample_tokens (sample.cpp). What it removes is
+// the interpreter between ~1000 small kernels a frame.
 // Built at first use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model dim,
 // H query heads, G KV heads, Dh head dim, C codebooks, K codebook size, W repetition window,
 // L layers.
@@ -29,6 +29,7 @@ using streamtts_fused::kTensorsPerLayer;
 using streamtts_fused::packed_linear;
 using streamtts_fused::rms_norm;
 using streamtts_fused::rotate_pairs_rounded;
+using streamtts_fused::sample_tokens;
 
 constexpr double kMinTemperature = 1e-5;  // sampling.MIN_TEMPERATURE
 
@@ -75,10 +76,14 @@ Tensor decode_position(Tensor x, int64_t pos, const Layers& layers) {
   return x;
 }
 
-// sampling.sample for K < COUNTING_MIN_VOCAB: logits [B, K] -> [B] int64.
+// sampling.sample for K < COUNTING_MIN_VOCAB: logits [B, K] -> [B] int64. 16-bit logits take
+// sample_tokens, as the Python sample() does; fp32 ones the Python calls with top-p by sorting.
 Tensor sample(Tensor logits, const Tensor& temperature, const Tensor& top_p,
               const Tensor& penalty, const std::optional<Tensor>& window, const Tensor& noise) {
   const auto dtype = logits.scalar_type();
+  if (logits.element_size() == 2) {
+    return sample_tokens(logits, temperature, top_p, penalty, window, noise);
+  }
   if (window.has_value()) {  // apply_repetition_penalty
     Tensor index = window->to(at::kLong);  // [B, W]
     Tensor score = logits.gather(-1, index).to(at::kFloat);
@@ -99,6 +104,7 @@ Tensor sample(Tensor logits, const Tensor& temperature, const Tensor& top_p,
   Tensor race = at::softmax(logits, -1).div(noise).to(at::kFloat);
   return at::argmax(race, -1);
 }
+
 
 // generate.fast_codes: hidden [B, D], code0 [B] int64 -> codebooks 1..C-1 [B, C-1] int64.
 // windows [B, C+1, W] int64 or None; noise [B, C-1, K] in the model dtype.

@@ -24,6 +24,18 @@ inline Tensor row_linear(const Tensor& x, const Tensor& packed,
   return op.call(x, packed, bias);
 }
 
+// sample.cpp's op: one id per row of 16-bit logits (sampling.sample), as the Python pass draws.
+inline Tensor sample_tokens(const Tensor& logits, const Tensor& temperature, const Tensor& top_p,
+                            const Tensor& penalty, const std::optional<Tensor>& window,
+                            const Tensor& noise) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("streamtts_fused::sample_tokens", "")
+                             .typed<Tensor(const Tensor&, const Tensor&, const Tensor&,
+                                           const Tensor&, const std::optional<Tensor>&,
+                                           const Tensor&)>();
+  return op.call(logits, temperature, top_p, penalty, window, noise);
+}
+
 // A packed layer's product, [..., in] -> [..., out] (PackedLinear.forward): row_linear for a
 // weight in the pairs layout (a plain tensor), else oneDNN's linear on a weight packed by
 // mkldnn::_reorder_linear_weight (an MkldnnCPU tensor).

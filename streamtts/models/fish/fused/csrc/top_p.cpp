@@ -18,21 +18,14 @@
 #include <limits>
 #include <vector>
 
+#include "ranks.h"
+
 namespace {
 
 using at::Tensor;
-
-constexpr int64_t kPatterns = 65536;
-
-// sampling.descending_rank of one pattern: 0 for the largest value, ordered like the values.
-inline int32_t descending_rank(uint16_t bits) {
-  return (bits & 0x8000) != 0 ? static_cast<int32_t>(bits) : 32767 - static_cast<int32_t>(bits);
-}
-
-// The pattern whose rank is `rank` (float16_values_descending's table, as bits).
-inline uint16_t pattern_of_rank(int64_t rank) {
-  return static_cast<uint16_t>(rank >= 32768 ? rank : 32767 - rank);
-}
+using streamtts_fused::descending_rank;
+using streamtts_fused::kPatterns;
+using streamtts_fused::pattern_of_rank;
 
 // logits [B, V] bf16 or fp16, top_p [B] float32 -> [B, V]: the logits outside each row's
 // nucleus set to -inf (sampling.top_p_filter_by_counting).
