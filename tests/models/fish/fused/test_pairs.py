@@ -128,6 +128,37 @@ def test_row_linear_gives_the_same_bits_on_any_number_of_threads() -> None:
 
 
 @pytest.mark.usefixtures("paired_here")
+@pytest.mark.parametrize("shape", SHAPES[:3] + SHAPES[4:5], ids=str)
+def test_row_linear_add_is_the_residual_plus_the_product_bit_for_bit(
+    shape: tuple[int, int],
+) -> None:
+    """The residual connection in the product's epilogue: what ``residual + row_linear(x)``
+    gives (ATen's bf16 add), for decode tiles and prompt tiles, a bias or none, leading dims,
+    a strided residual, and sums that cancel (a residual of the product's negation)."""
+    n, k = shape
+    gen = torch.Generator().manual_seed(n * k)
+    weight = pack_pairs(torch.randn(n, k, generator=gen).bfloat16())
+    bias = torch.randn(n, generator=gen).bfloat16()
+    for layer_bias in (None, bias):
+        for rows in ROWS:
+            x = torch.randn(rows, k, generator=gen).bfloat16()
+            product = torch.ops.streamtts_fused.row_linear(x, weight, layer_bias)
+            for scale in (0.01, 1.0, 300.0):
+                residual = (torch.randn(rows, n, generator=gen) * scale).bfloat16()
+                got = torch.ops.streamtts_fused.row_linear_add(x, weight, layer_bias, residual)
+                assert torch.equal(got, residual + product), (rows, scale)
+            cancelling = -product
+            got = torch.ops.streamtts_fused.row_linear_add(x, weight, layer_bias, cancelling)
+            assert torch.equal(got, cancelling + product)
+    x = torch.randn(2, 3, k, generator=gen).bfloat16()
+    wide = torch.randn(2, 3, 2 * n, generator=gen).bfloat16()
+    residual = wide[..., ::2]  # [2, 3, N], strided
+    got = torch.ops.streamtts_fused.row_linear_add(x, weight, None, residual)
+    assert got.shape == (2, 3, n)
+    assert torch.equal(got, residual + torch.ops.streamtts_fused.row_linear(x, weight, None))
+
+
+@pytest.mark.usefixtures("paired_here")
 def test_row_linear_says_what_is_wrong() -> None:
     weight = pack_pairs(torch.randn(128, 64).bfloat16())
     with pytest.raises(RuntimeError, match="rows of 32 for a weight of 64 inputs"):
@@ -140,6 +171,16 @@ def test_row_linear_says_what_is_wrong() -> None:
     with pytest.raises(RuntimeError, match="a bias of 3 for 128 outputs"):
         bias = torch.zeros(3).bfloat16()
         torch.ops.streamtts_fused.row_linear(torch.randn(1, 64).bfloat16(), weight, bias)
+    with pytest.raises(RuntimeError, match="residual must be bf16 of the output's shape"):
+        residual = torch.zeros(1, 64).bfloat16()
+        torch.ops.streamtts_fused.row_linear_add(
+            torch.randn(1, 64).bfloat16(), weight, None, residual
+        )
+    with pytest.raises(RuntimeError, match="residual must be bf16"):
+        residual = torch.zeros(1, 128)
+        torch.ops.streamtts_fused.row_linear_add(
+            torch.randn(1, 64).bfloat16(), weight, None, residual
+        )
 
 
 @pytest.mark.usefixtures("paired_here")

@@ -3,9 +3,10 @@
 // The same ATen calls, in the same order and with the same arguments, as the Python pass
 // (streamtts.models.fish.llm.generate.fast_codes over packed layers: DualARTransformer.fast_step,
 // TransformerBlock.decode_position), so every result bit is the Python pass's; but the rotation
-// of q and k, one loop with the same roundings (packed_ops.h: rotate_pairs_rounded), and a
-// 16-bit codebook's draw, which both passes make with sample_tokens (sample.cpp). What it removes is
-// the interpreter between ~1000 small kernels a frame.
+// of q and k, one loop with the same roundings (packed_ops.h: rotate_pairs_rounded), the
+// residual sums, made in row_linear's epilogue with add's rounding where the weights are paired
+// (packed_linear_add), and a 16-bit codebook's draw, which both passes make with sample_tokens
+// (sample.cpp). What it removes is the interpreter between ~900 small kernels a frame.
 // Built at first use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model dim,
 // H query heads, G KV heads, Dh head dim, C codebooks, K codebook size, W repetition window,
 // L layers.
@@ -22,11 +23,12 @@ namespace {
 
 using at::Tensor;
 using streamtts_fused::check_layers;
-using streamtts_fused::feed_forward;
+using streamtts_fused::feed_forward_add;
 using streamtts_fused::head_outputs;
 using streamtts_fused::kNormsPerLayer;
 using streamtts_fused::kTensorsPerLayer;
 using streamtts_fused::packed_linear;
+using streamtts_fused::packed_linear_add;
 using streamtts_fused::rms_norm;
 using streamtts_fused::rotate_pairs_rounded;
 using streamtts_fused::sample_tokens;
@@ -70,8 +72,8 @@ Tensor decode_position(Tensor x, int64_t pos, const Layers& layers) {
     Tensor scores = at::bmm(q, seen_k.transpose(1, 2)).to(dtype);  // [B·G,H/G,P]
     Tensor probs = at::softmax(scores.mul_(scale), -1).to(wide);
     Tensor y = at::bmm(probs, seen_v).to(dtype);  // [B·G,H/G,Dh]
-    Tensor h = x.add(packed_linear(y.view({b, n_q * dh}), packed[1], std::nullopt));
-    x = h.add(feed_forward(rms_norm(h, norm[1], layers.eps), packed[2], packed[3]));
+    Tensor h = packed_linear_add(y.view({b, n_q * dh}), packed[1], std::nullopt, x);
+    x = feed_forward_add(rms_norm(h, norm[1], layers.eps), packed[2], packed[3], h);
   }
   return x;
 }

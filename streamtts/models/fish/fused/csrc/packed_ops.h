@@ -36,6 +36,16 @@ inline Tensor sample_tokens(const Tensor& logits, const Tensor& temperature, con
   return op.call(logits, temperature, top_p, penalty, window, noise);
 }
 
+// row_linear.cpp's residual + row_linear(x, packed, bias), rounded as at::add rounds the sum.
+inline Tensor row_linear_add(const Tensor& x, const Tensor& packed,
+                             const std::optional<Tensor>& bias, const Tensor& residual) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("streamtts_fused::row_linear_add", "")
+                             .typed<Tensor(const Tensor&, const Tensor&,
+                                           const std::optional<Tensor>&, const Tensor&)>();
+  return op.call(x, packed, bias, residual);
+}
+
 // A packed layer's product, [..., in] -> [..., out] (PackedLinear.forward): row_linear for a
 // weight in the pairs layout (a plain tensor), else oneDNN's linear on a weight packed by
 // mkldnn::_reorder_linear_weight (an MkldnnCPU tensor).
@@ -49,6 +59,16 @@ inline Tensor packed_linear(const Tensor& x, const Tensor& packed,
                         c10::string_view, c10::List<std::optional<c10::Scalar>>,
                         std::optional<c10::string_view>)>();
   return op.call(x, packed, bias, "none", c10::List<std::optional<c10::Scalar>>(), std::nullopt);
+}
+
+// residual.add(packed_linear(x, packed, bias)): a residual connection, in row_linear's epilogue
+// where the weight is in the pairs layout (the same bits: tested against the two calls).
+inline Tensor packed_linear_add(const Tensor& x, const Tensor& packed,
+                                const std::optional<Tensor>& bias, const Tensor& residual) {
+  if (!packed.is_mkldnn() && residual.scalar_type() == at::kBFloat16) {
+    return row_linear_add(x, packed, bias, residual);
+  }
+  return residual.add(packed_linear(x, packed, bias));
 }
 
 // A head's logits [..., width]: a paired head's product has its last task's padding beyond
@@ -137,11 +157,13 @@ inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return out.view(x.sizes());
 }
 
-// FeedForward with the gate and up projections fused, after its norm: x [..., D] -> [..., D].
-inline Tensor feed_forward(const Tensor& normed, const Tensor& w13, const Tensor& w2) {
+// residual + FeedForward (the gate and up projections fused) of its normed input:
+// [..., D] -> [..., D].
+inline Tensor feed_forward_add(const Tensor& normed, const Tensor& w13, const Tensor& w2,
+                               const Tensor& residual) {
   Tensor gate_up = packed_linear(normed, w13, std::nullopt);
   std::vector<Tensor> halves = gate_up.chunk(2, -1);
-  return packed_linear(at::silu(halves[0]).mul(halves[1]), w2, std::nullopt);
+  return packed_linear_add(at::silu(halves[0]).mul(halves[1]), w2, std::nullopt, residual);
 }
 
 // The weight lists of `n_layers` blocks, as the Python side passes them (fused/layers.py).

@@ -50,13 +50,20 @@ bool supported() {
          __builtin_cpu_supports("avx512bf16");
 }
 
+// bf16 -> fp32: the pattern in the upper half of each lane.
+__attribute__((target("avx512f,avx512bw"))) inline __m512 widen(__m256i bf16) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
+}
+
 // R rows of x (as int32 bf16 pairs) times one task's weights: y rows [R, 64 of N]; with
 // `kStreamed`, the weights are prefetched kPrefetchPairs ahead (a prefetch never faults, so
-// reading ahead past the weight's end is harmless).
+// reading ahead past the weight's end is harmless). With a `residual` (rows [R, 64 of N], bf16),
+// each output is then added to it as ATen adds two bf16 tensors: both widened, summed in fp32,
+// rounded to nearest even.
 template <int R, bool kStreamed>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void tile(
     const int32_t* x, int64_t x_stride_pairs, const __m512i* w, int64_t pairs,
-    const float* bias, uint16_t* y, int64_t y_stride) {
+    const float* bias, const uint16_t* residual, uint16_t* y, int64_t y_stride) {
   // Every loop over rows and blocks is unrolled (-O2 would not), so the R x 4 sums stay in
   // registers: kept on the stack they made each product wait on a store (2x slower at 4 rows).
   __m512 acc[R][kBlocks];
@@ -90,13 +97,18 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void tile(
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bias_b));
+      if (residual != nullptr) {
+        const __m256i rest = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(residual + r * y_stride + b * kLanes));
+        out = _mm512_cvtneps_pbh(_mm512_add_ps(widen(rest), widen((__m256i)out)));
+      }
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * y_stride + b * kLanes), (__m256i)out);
     }
   }
 }
 
 using TileFn = void (*)(const int32_t*, int64_t, const __m512i*, int64_t, const float*,
-                        uint16_t*, int64_t);
+                        const uint16_t*, uint16_t*, int64_t);
 constexpr TileFn kTiles[kMaxRowsPerTile + 1] = {nullptr, tile<1, false>, tile<2, false>,
                                                 tile<3, false>, tile<4, false>};
 constexpr TileFn kStreamedTiles[kMaxRowsPerTile + 1] = {nullptr, tile<1, true>, tile<2, true>,
@@ -108,8 +120,10 @@ bool supported() { return false; }
 
 #endif
 
-// x [..., K] bf16, packed [N/64, K/2, 64, 2] bf16, bias [N] or none -> [..., N] bf16.
-Tensor row_linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias) {
+// x [..., K] bf16, packed [N/64, K/2, 64, 2] bf16, bias [N] or none, residual [..., N] bf16 or
+// none -> [..., N] bf16: x times the weight, plus the bias, then plus the residual.
+Tensor product(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias,
+               const std::optional<Tensor>& residual) {
   TORCH_CHECK(supported(), "row_linear: this CPU has no AVX512-BF16");
 #if defined(__x86_64__)
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
@@ -128,6 +142,13 @@ Tensor row_linear(const Tensor& x, const Tensor& packed, const std::optional<Ten
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = out_features;
   Tensor y = at::empty({m, out_features}, x.options());
+  Tensor residual_rows;  // [M, N]
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->scalar_type() == at::kBFloat16 && residual->sizes() == out_shape,
+                "row_linear_add: the residual must be bf16 of the output's shape ",
+                c10::IntArrayRef(out_shape));
+    residual_rows = residual->reshape({m, out_features}).contiguous();
+  }
   Tensor bias32;
   if (bias.has_value()) {
     TORCH_CHECK(bias->numel() == out_features, "row_linear: a bias of ", bias->numel(),
@@ -138,6 +159,9 @@ Tensor row_linear(const Tensor& x, const Tensor& packed, const std::optional<Ten
   const auto* ws = reinterpret_cast<const __m512i*>(packed.data_ptr());
   const float* bs = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
   auto* ys = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const auto* rs = residual_rows.defined()
+                       ? reinterpret_cast<const uint16_t*>(residual_rows.data_ptr())
+                       : nullptr;
   const TileFn* tiles = m <= kMaxRowsPerTile ? kStreamedTiles : kTiles;
   // One task per 64 outputs; its weights (64 x K x 2 bytes, 128 KB at K = 1024) stay in the
   // core's L2 while it takes every tile of rows, so memory reads each weight once.
@@ -149,6 +173,7 @@ Tensor row_linear(const Tensor& x, const Tensor& packed, const std::optional<Ten
         const int rows_here = static_cast<int>(std::min<int64_t>(kMaxRowsPerTile, m - r));
         tiles[rows_here](xs + r * pairs, pairs, wt, pairs,
                          bs != nullptr ? bs + first_output : nullptr,
+                         rs != nullptr ? rs + r * out_features + first_output : nullptr,
                          ys + r * out_features + first_output, out_features);
       }
     }
@@ -159,13 +184,28 @@ Tensor row_linear(const Tensor& x, const Tensor& packed, const std::optional<Ten
 #endif
 }
 
+Tensor row_linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias) {
+  return product(x, packed, bias, std::nullopt);
+}
+
+// residual + row_linear(x, packed, bias), the sum rounded as at::add rounds it: the fused ops'
+// residual connections in the product's epilogue instead of an add kernel after it.
+Tensor row_linear_add(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias,
+                      const Tensor& residual) {
+  return product(x, packed, bias, residual);
+}
+
 }  // namespace
 
 // A CPU kernel, not a catch-all: torch.compile traces PairedLinear through the op's fake
 // (registered by pairs.py) instead of decomposing it.
 TORCH_LIBRARY_FRAGMENT(streamtts_fused, m) {
   m.def("row_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
+  m.def("row_linear_add(Tensor x, Tensor packed, Tensor? bias, Tensor residual) -> Tensor");
   m.def("row_linear_supported() -> bool", &supported);
 }
 
-TORCH_LIBRARY_IMPL(streamtts_fused, CPU, m) { m.impl("row_linear", &row_linear); }
+TORCH_LIBRARY_IMPL(streamtts_fused, CPU, m) {
+  m.impl("row_linear", &row_linear);
+  m.impl("row_linear_add", &row_linear_add);
+}

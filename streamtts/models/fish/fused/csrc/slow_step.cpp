@@ -5,8 +5,9 @@
 // the RoPE rows of each row's position, every block with its KV written at (slot, position),
 // attention by decode_attention or SDPA, the head), so every result bit is the Python step's;
 // but the rotation of q and k, one loop with the same roundings (packed_ops.h:
-// rotate_pairs_rounded). It removes the interpreter between the ~30 kernels of each of the 24
-// layers. Built at first use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model
+// rotate_pairs_rounded), and the residual sums, made in row_linear's epilogue with add's
+// rounding where the weights are paired (packed_linear_add). It removes the interpreter between
+// the ~30 kernels of each of the 24 layers. Built at first use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model
 // dim, V vocabulary, H query heads, G KV heads, Dh head dim, C codebooks, L keys read (padded
 // kv_len).
 
@@ -25,11 +26,12 @@ namespace {
 using at::Tensor;
 using at::indexing::Slice;
 using streamtts_fused::check_layers;
-using streamtts_fused::feed_forward;
+using streamtts_fused::feed_forward_add;
 using streamtts_fused::head_outputs;
 using streamtts_fused::kNormsPerLayer;
 using streamtts_fused::kTensorsPerLayer;
 using streamtts_fused::packed_linear;
+using streamtts_fused::packed_linear_add;
 using streamtts_fused::rms_norm;
 using streamtts_fused::rotate_pairs_rounded;
 
@@ -109,8 +111,8 @@ std::tuple<Tensor, Tensor> slow_step(
       y = at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, std::nullopt,
                                            n_q != keys.size(1));
     }
-    Tensor h = x.add(packed_linear(y.transpose(1, 2).reshape({b, 1, q_dim}), w[1], std::nullopt));
-    x = h.add(feed_forward(rms_norm(h, norm[1], eps), w[2], w[3]));
+    Tensor h = packed_linear_add(y.transpose(1, 2).reshape({b, 1, q_dim}), w[1], std::nullopt, x);
+    x = feed_forward_add(rms_norm(h, norm[1], eps), w[2], w[3], h);
   }
   Tensor hidden = x.select(1, 0);  // [B,D]
   Tensor normed = rms_norm(hidden, final_norm, eps);
