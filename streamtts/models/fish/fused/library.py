@@ -40,6 +40,7 @@ SOURCES = (
     CSRC / "row_linear.cpp",
     CSRC / "top_p.cpp",
     CSRC / "sample.cpp",
+    CSRC / "attention.cpp",
 )
 HEADERS = (CSRC / "packed_ops.h", CSRC / "ranks.h")
 LIBRARY_NAME = "streamtts_fused"

@@ -26,7 +26,7 @@ from torch import nn
 
 from streamtts.models.fish.fused.arena import arena_slices
 from streamtts.models.fish.fused.library import FusedUnavailable, load_library
-from streamtts.models.fish.llm.llama import DualARTransformer
+from streamtts.models.fish.llm.llama import Attention, DualARTransformer
 from streamtts.models.fish.packed import PackedLinear
 from streamtts.models.fish.swap import replace_linears_
 
@@ -106,6 +106,12 @@ def _row_linear_shape(
     return x.new_empty(*x.shape[:-1], packed.shape[0] * OUTPUTS_PER_TASK)
 
 
+def _attention_shape(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: int, scale: float
+) -> torch.Tensor:
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
+
 @functools.cache
 def why_not_paired() -> str | None:
     """Why the pairs layout cannot be used here (None: it can): the library and AVX512-BF16."""
@@ -115,8 +121,9 @@ def why_not_paired() -> str | None:
         return str(exc)
     if not torch.ops.streamtts_fused.row_linear_supported():
         return "this CPU has no AVX512-BF16"
-    # The op's shape for torch.compile, which traces the Python pass through it.
+    # The ops' shapes for torch.compile, which traces the Python pass through them.
     torch.library.register_fake("streamtts_fused::row_linear")(_row_linear_shape)
+    torch.library.register_fake("streamtts_fused::position_attention")(_attention_shape)
     return None
 
 
@@ -152,6 +159,9 @@ def pair_linears_(model: DualARTransformer, slow: bool) -> int:
         return linear if into is None else PairedLinear.into_slice(linear, into)
 
     replace_linears_(model, build)
+    for attention in model.fast_layers.modules():  # the codebook pass's, in every pass
+        if isinstance(attention, Attention):
+            attention.own_kernel = isinstance(attention.wqkv, PairedLinear)
     return sum(isinstance(m, PairedLinear) for m in model.modules())
 
 

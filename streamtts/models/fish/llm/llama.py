@@ -164,6 +164,10 @@ class Attention(nn.Module):
         qkv_dim = (cfg.n_head + 2 * cfg.n_local_heads) * cfg.head_dim
         self.wqkv = nn.Linear(cfg.dim, qkv_dim, bias=cfg.attention_qkv_bias)
         self.wo = nn.Linear(cfg.n_head * cfg.head_dim, cfg.dim, bias=False)
+        # decode_position's attention by the fused ops' position_attention (same roundings,
+        # its own sums): set where the layers are paired, so that every pass of the model
+        # attends alike (streamtts.models.fish.fused.pairs.pair_linears_).
+        self.own_kernel = False
 
     def forward(
         self, x: torch.Tensor, rope: torch.Tensor, attend: Attend, layer: int
@@ -194,13 +198,19 @@ class Attention(nn.Module):
         qk = rotate_pairs(qk.float().view(b, n_q + n_kv, dh), at.cos, at.sin).type_as(x)
         keys.select(2, pos).copy_(qk[:, n_q:])  # [B,G,Dh]
         values.select(2, pos).copy_(v.view(b, n_kv, dh))
-        wide = keys.dtype
-        q = qk[:, :n_q].to(wide).reshape(b * n_kv, n_q // n_kv, dh)  # [B·G,H/G,Dh]
-        seen_k = keys.narrow(2, 0, pos + 1).flatten(0, 1)  # [B·G,P,Dh]
-        seen_v = values.narrow(2, 0, pos + 1).flatten(0, 1)
-        scores = torch.bmm(q, seen_k.transpose(1, 2)).type_as(x)  # [B·G,H/G,P]
-        probs = torch.softmax(scores.mul_(1.0 / math.sqrt(dh)), dim=-1).to(wide)
-        y = torch.bmm(probs, seen_v).type_as(x)  # [B·G,H/G,Dh]
+        scale = 1.0 / math.sqrt(dh)
+        if self.own_kernel:
+            y: torch.Tensor = torch.ops.streamtts_fused.position_attention(
+                qk[:, :n_q], keys.narrow(0, 0, b), values.narrow(0, 0, b), pos, scale
+            )  # [B, H·Dh]
+        else:
+            wide = keys.dtype
+            q = qk[:, :n_q].to(wide).reshape(b * n_kv, n_q // n_kv, dh)  # [B·G,H/G,Dh]
+            seen_k = keys.narrow(2, 0, pos + 1).flatten(0, 1)  # [B·G,P,Dh]
+            seen_v = values.narrow(2, 0, pos + 1).flatten(0, 1)
+            scores = torch.bmm(q, seen_k.transpose(1, 2)).type_as(x)  # [B·G,H/G,P]
+            probs = torch.softmax(scores.mul_(scale), dim=-1).to(wide)
+            y = torch.bmm(probs, seen_v).type_as(x)  # [B·G,H/G,Dh]
         out: torch.Tensor = self.wo(y.view(b, n_q * dh))
         return out
 

@@ -29,6 +29,7 @@ using streamtts_fused::kNormsPerLayer;
 using streamtts_fused::kTensorsPerLayer;
 using streamtts_fused::packed_linear;
 using streamtts_fused::packed_linear_add;
+using streamtts_fused::position_attention;
 using streamtts_fused::rms_norm;
 using streamtts_fused::rotate_pairs_rounded;
 using streamtts_fused::sample_tokens;
@@ -65,14 +66,19 @@ Tensor decode_position(Tensor x, int64_t pos, const Layers& layers) {
     Tensor qk = rotate_pairs_rounded(qkv, n_q + n_kv, dh, cos, sin);  // [B,H+G,Dh]
     keys.select(2, pos).copy_(qk.narrow(1, n_q, n_kv));  // [B,G,Dh]
     values.select(2, pos).copy_(v.view({b, n_kv, dh}));
-    const auto wide = keys.scalar_type();
-    Tensor q = qk.narrow(1, 0, n_q).to(wide).reshape({b * n_kv, n_q / n_kv, dh});  // [B·G,H/G,Dh]
-    Tensor seen_k = keys.narrow(2, 0, pos + 1).flatten(0, 1);  // [B·G,P,Dh]
-    Tensor seen_v = values.narrow(2, 0, pos + 1).flatten(0, 1);
-    Tensor scores = at::bmm(q, seen_k.transpose(1, 2)).to(dtype);  // [B·G,H/G,P]
-    Tensor probs = at::softmax(scores.mul_(scale), -1).to(wide);
-    Tensor y = at::bmm(probs, seen_v).to(dtype);  // [B·G,H/G,Dh]
-    Tensor h = packed_linear_add(y.view({b, n_q * dh}), packed[1], std::nullopt, x);
+    Tensor y;  // [B, H·Dh]
+    if (!packed[0].is_mkldnn()) {  // paired layers: Attention.own_kernel
+      y = position_attention(qk.narrow(1, 0, n_q), keys, values, pos, scale);
+    } else {
+      const auto wide = keys.scalar_type();
+      Tensor q = qk.narrow(1, 0, n_q).to(wide).reshape({b * n_kv, n_q / n_kv, dh});  // [B·G,H/G,Dh]
+      Tensor seen_k = keys.narrow(2, 0, pos + 1).flatten(0, 1);  // [B·G,P,Dh]
+      Tensor seen_v = values.narrow(2, 0, pos + 1).flatten(0, 1);
+      Tensor scores = at::bmm(q, seen_k.transpose(1, 2)).to(dtype);  // [B·G,H/G,P]
+      Tensor probs = at::softmax(scores.mul_(scale), -1).to(wide);
+      y = at::bmm(probs, seen_v).to(dtype).view({b, n_q * dh});  // [B·G,H/G,Dh] as [B, H·Dh]
+    }
+    Tensor h = packed_linear_add(y, packed[1], std::nullopt, x);
     x = feed_forward_add(rms_norm(h, norm[1], layers.eps), packed[2], packed[3], h);
   }
   return x;

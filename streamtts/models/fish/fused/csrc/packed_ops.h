@@ -46,6 +46,16 @@ inline Tensor row_linear_add(const Tensor& x, const Tensor& packed,
   return op.call(x, packed, bias, residual);
 }
 
+// attention.cpp's op: the codebook pass's attention at one position where the layers are paired.
+inline Tensor position_attention(const Tensor& q, const Tensor& keys, const Tensor& values,
+                                 int64_t pos, double scale) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("streamtts_fused::position_attention", "")
+          .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t, double)>();
+  return op.call(q, keys, values, pos, scale);
+}
+
 // A packed layer's product, [..., in] -> [..., out] (PackedLinear.forward): row_linear for a
 // weight in the pairs layout (a plain tensor), else oneDNN's linear on a weight packed by
 // mkldnn::_reorder_linear_weight (an MkldnnCPU tensor).
