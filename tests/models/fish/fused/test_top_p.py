@@ -47,12 +47,16 @@ def test_the_op_gives_the_python_filters_bits(dtype: torch.dtype, scale: float) 
 
 
 def test_edges_match_too() -> None:
-    """Everything kept, only the top kept, all tied (lowest ids stay), a NaN row."""
-    logits = (torch.randn(4, 9000) * 2).bfloat16()
+    """Everything kept, only the top kept, all tied (lowest ids stay), a NaN row, a row with
+    a NaN of the other sign (its pattern sorts last), a row with an infinity."""
+    logits = (torch.randn(6, 9000) * 2).bfloat16()
     logits[2] = 0
     logits[3, 5] = float("nan")
+    logits[4].view(torch.int16)[6] = -64  # 0xFFC0: a NaN with the sign bit set
+    logits[5, 7] = float("inf")
+    assert bool(logits[4, 6].isnan())
     for p in (1.0, 1e-6, 0.5):
-        top_p = torch.full((4,), p)
+        top_p = torch.full((6,), p)
         assert same_bits(fused_filter(logits, top_p), python_filter(logits, top_p)), p
 
 

@@ -27,6 +27,7 @@
 #include <limits>
 #include <vector>
 
+#include "nucleus.h"
 #include "ranks.h"
 
 namespace {
@@ -143,9 +144,7 @@ Tensor sample_tokens(const Tensor& logits, const Tensor& temperature, const Tens
         // top_p.to(dtype): the cut compares with it in that dtype.
         const auto cut = static_cast<float>(static_cast<scalar_t>(top_p_rows[row]));
         const scalar_t* row_cum = cum + row * v;
-        int64_t removed = 0;
-        for (int64_t i = 1; i < v; ++i) removed += static_cast<float>(row_cum[i]) > cut;
-        const int64_t kept = v - removed;  // >= 1
+        const int64_t kept = streamtts_fused::kept_count(row_cum, v, cut);
         // _keep_through_cut: every value ranked above the last kept one, and of those equal
         // to it the lowest ids; then apply_temperature on what stays.
         const uint16_t* order = sorted.data() + row * v;

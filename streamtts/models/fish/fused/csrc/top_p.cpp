@@ -18,6 +18,7 @@
 #include <limits>
 #include <vector>
 
+#include "nucleus.h"
 #include "ranks.h"
 
 namespace {
@@ -62,9 +63,7 @@ Tensor top_p_by_counting(const Tensor& logits, const Tensor& top_p) {
     const scalar_t* cum = cum_probs.const_data_ptr<scalar_t>();
     at::parallel_for(0, b, 1, [&](int64_t first, int64_t end) {
       for (int64_t r = first; r < end; ++r) {
-        int64_t removed = 0;
-        for (int64_t i = 1; i < v; ++i) removed += static_cast<float>(cum[r * v + i]) > p_rows[r];
-        kept[r] = v - removed;  // >= 1
+        kept[r] = streamtts_fused::kept_count(cum + r * v, v, p_rows[r]);
       }
     });
   });
