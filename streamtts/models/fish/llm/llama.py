@@ -201,7 +201,7 @@ class Attention(nn.Module):
         scale = 1.0 / math.sqrt(dh)
         if self.own_kernel:
             y: torch.Tensor = torch.ops.streamtts_fused.position_attention(
-                qk[:, :n_q], keys.narrow(0, 0, b), values.narrow(0, 0, b), pos, scale
+                qk[:, :n_q], keys, values, pos, scale
             )  # [B, H·Dh]
         else:
             wide = keys.dtype

@@ -48,8 +48,8 @@ Tensor position_attention(const Tensor& q, const Tensor& keys, const Tensor& val
                           double scale) {
   TORCH_CHECK(q.dim() == 3 && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf),
               "position_attention: q must be [B, H, Dh] in bf16 or fp16");
-  TORCH_CHECK(keys.dim() == 4 && keys.scalar_type() == at::kFloat && values.sizes() == keys.sizes() &&
-                  values.scalar_type() == at::kFloat,
+  TORCH_CHECK(keys.dim() == 4 && keys.scalar_type() == at::kFloat &&
+                  values.sizes() == keys.sizes() && values.scalar_type() == at::kFloat,
               "position_attention: keys and values must be fp32 [B, G, C, Dh]");
   const int64_t b = q.size(0), h = q.size(1), dh = q.size(2), g = keys.size(1);
   TORCH_CHECK(keys.size(0) >= b && keys.size(3) == dh && h % g == 0,

@@ -71,7 +71,8 @@ Tensor decode_position(Tensor x, int64_t pos, const Layers& layers) {
       y = position_attention(qk.narrow(1, 0, n_q), keys, values, pos, scale);
     } else {
       const auto wide = keys.scalar_type();
-      Tensor q = qk.narrow(1, 0, n_q).to(wide).reshape({b * n_kv, n_q / n_kv, dh});  // [B·G,H/G,Dh]
+      // [B·G,H/G,Dh]
+      Tensor q = qk.narrow(1, 0, n_q).to(wide).reshape({b * n_kv, n_q / n_kv, dh});
       Tensor seen_k = keys.narrow(2, 0, pos + 1).flatten(0, 1);  // [B·G,P,Dh]
       Tensor seen_v = values.narrow(2, 0, pos + 1).flatten(0, 1);
       Tensor scores = at::bmm(q, seen_k.transpose(1, 2)).to(dtype);  // [B·G,H/G,P]
@@ -112,7 +113,6 @@ Tensor sample(Tensor logits, const Tensor& temperature, const Tensor& top_p,
   Tensor race = at::softmax(logits, -1).div(noise).to(at::kFloat);
   return at::argmax(race, -1);
 }
-
 
 // generate.fast_codes: hidden [B, D], code0 [B] int64 -> codebooks 1..C-1 [B, C-1] int64.
 // windows [B, C+1, W] int64 or None; noise [B, C-1, K] in the model dtype.

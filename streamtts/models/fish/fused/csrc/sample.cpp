@@ -151,11 +151,12 @@ Tensor sample_tokens(const Tensor& logits, const Tensor& temperature, const Tens
         const uint16_t cut_rank = order[kept - 1];
         int64_t room = kept - (std::lower_bound(order, order + v, cut_rank) - order);
         const uint16_t* rank = ranks.data() + row * v;
+        const float clamped = std::max(tau_rows[row], kMinTemperature);  // apply_temperature
         for (int64_t i = 0; i < v; ++i) {
           const bool keep = rank[i] < cut_rank || (rank[i] == cut_rank && room-- > 0);
-          out[row * v + i] = keep ? static_cast<scalar_t>(static_cast<float>(rows[row * v + i]) /
-                                                          std::max(tau_rows[row], kMinTemperature))
-                                  : minus_infinity;
+          out[row * v + i] =
+              keep ? static_cast<scalar_t>(static_cast<float>(rows[row * v + i]) / clamped)
+                   : minus_infinity;
         }
       }
     });

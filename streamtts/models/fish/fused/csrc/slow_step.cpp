@@ -7,9 +7,9 @@
 // but the rotation of q and k, one loop with the same roundings (packed_ops.h:
 // rotate_pairs_rounded), and the residual sums, made in row_linear's epilogue with add's
 // rounding where the weights are paired (packed_linear_add). It removes the interpreter between
-// the ~30 kernels of each of the 24 layers. Built at first use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model
-// dim, V vocabulary, H query heads, G KV heads, Dh head dim, C codebooks, L keys read (padded
-// kv_len).
+// the ~30 kernels of each of the 24 layers. Built at first use by
+// streamtts/models/fish/fused/library.py. Shapes: B batch, D model dim, V vocabulary, H query
+// heads, G KV heads, Dh head dim, C codebooks, L keys read (padded kv_len).
 
 #include <torch/library.h>
 
