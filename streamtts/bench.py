@@ -186,6 +186,7 @@ class StageBench:
         # The engine's two transformer passes (compiled with --compile where it compiles them).
         self.fast = passes.fast
         self.slow = passes.slow
+        self.prefill = passes.prefill
         self.device = model.device
         slots = max(options.batches)
         self.cache: KVCache = model.allocate_cache(slots, min(1024, model.config.max_seq_len))
@@ -194,7 +195,7 @@ class StageBench:
     def prefill_ms(self, tokens: int) -> float:
         prompt = torch.randint(0, 500, (self.model.config.num_codebooks + 1, tokens))
         prompt = prompt.to(self.device)
-        return median_ms(lambda: self.model.prefill(self.cache, prompt, 0, 0), 3, self.device)
+        return median_ms(lambda: self.prefill(self.model, self.cache, prompt, 0, 0), 3, self.device)
 
     def _batch(
         self, batch: int, position: int = KV_POSITION
@@ -386,6 +387,9 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
         # pairs layout), "onednn" (packed) or "aten" (streamtts.models.fish.fused.pairs).
         "fast_products": info["fast_products"],
         "slow_products": info["slow_products"],
+        # What convolves in the vocoder: "row_conv (n convolutions), onednn" (AVX512-BF16, the
+        # rest on oneDNN), "onednn" (packed) or "aten" (streamtts.models.fish.codec.blocks).
+        "vocoder_convs": info["vocoder_convs"],
         "compile_s": round(sum(info["compile_s"].values()), 1),
         # Graphs compiled but timed no faster than eager at start, so run eager.
         "compiled_but_eager": info["compiled_but_eager"],

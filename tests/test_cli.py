@@ -103,6 +103,7 @@ def test_bench_reports_every_stage_as_json() -> None:
     unfused = "python (the gate and up projections are not fused)"
     assert figures["codebook_pass"] == figures["slow_step"] == unfused
     assert figures["fast_products"] == figures["slow_products"] == "aten"
+    assert figures["vocoder_convs"] == "aten"
     assert figures["frames_per_s"] > 0 and figures["roofline_fraction"] > 0
     assert figures["codebook_pass_roofline_fraction"] > 0
     assert figures["slow_step_roofline_fraction"] > 0

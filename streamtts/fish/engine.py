@@ -48,14 +48,14 @@ from streamtts.fish.devices import (
 )
 from streamtts.fish.generator import GeneratorWorker, JobHook
 from streamtts.fish.jobs import ChunkSchedule, SegmentJob, StreamSlot
-from streamtts.fish.load import load_fish_bundle, prepare_llm
+from streamtts.fish.load import load_fish_bundle, prepare_llm, vocoder_row_convs
 from streamtts.fish.settings import FishSettings
 from streamtts.fish.spec import FishSpec
 from streamtts.fish.vocoder import VocoderStream, VocoderWorker
 from streamtts.models.fish.codec.encoder import FireflyEncoder, encode_reference
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
 from streamtts.models.fish.fused.pairs import products
-from streamtts.models.fish.llm.generate import FastCodes, SlowStep
+from streamtts.models.fish.llm.generate import FastCodes, Prefill, SlowStep
 from streamtts.models.fish.llm.llama import DualARTransformer
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.quantize import is_int8
@@ -76,12 +76,13 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class ModelPasses:
     """What the engine runs, for the stage profiler (``streamtts bench``): the model, its
-    vocoder and the two transformer passes decode steps use (eager, or compiled)."""
+    vocoder, the two transformer passes decode steps use (eager, or compiled) and the prefill."""
 
     model: DualARTransformer
     decoder: IncrementalDecoder
     fast: FastCodes
     slow: SlowStep
+    prefill: Prefill
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class _Loaded:
     dtype: str
     fast_products: str
     slow_products: str
+    vocoder_convs: str
 
 
 class FishEngine(Engine):
@@ -147,7 +149,12 @@ class FishEngine(Engine):
         context = DeviceContext(device)
         tokenizer = bundle.llm.tokenizer
         decoder = IncrementalDecoder(
-            bundle.decoder, device, dtype, pack_fp32=not s.parity, in_place=True
+            bundle.decoder,
+            device,
+            dtype,
+            pack_fp32=not s.parity,
+            in_place=True,
+            row_convs=vocoder_row_convs(s, device, dtype),
         )
         # On the CPU the vocoder runs on the generator thread: one torch thread (see devices).
         vocoder = VocoderWorker(decoder, context, self._on_fatal, inline=not context.is_cuda)
@@ -177,6 +184,7 @@ class FishEngine(Engine):
             dtype=describe_dtype(model),
             fast_products=products(model.fast_layers),
             slow_products=products(model.layers),
+            vocoder_convs=decoder.conv_kernels,
         )
 
     async def _warm_up(self) -> None:
@@ -292,6 +300,7 @@ class FishEngine(Engine):
                 "fast_products": loaded.fast_products,
                 "slow_products": loaded.slow_products,
                 "slow_step": loaded.generator.decode_ops.slow_step,
+                "vocoder_convs": loaded.vocoder_convs,
                 "compile_s": dict(loaded.generator.compile_s),
                 "compiled_but_eager": list(loaded.generator.eager_graphs),
             }
@@ -305,7 +314,15 @@ class FishEngine(Engine):
         generator = loaded.generator
 
         def call() -> T:
-            return fn(ModelPasses(generator.model, vocoder.decoder, generator.fast, generator.slow))
+            return fn(
+                ModelPasses(
+                    generator.model,
+                    vocoder.decoder,
+                    generator.fast,
+                    generator.slow,
+                    generator.prefill,
+                )
+            )
 
         future = cast(Future[T], generator.call(call))
         return asyncio.wrap_future(future)

@@ -39,11 +39,13 @@ from streamtts.fish.slots import SlotPool
 from streamtts.models.fish.fused import PYTHON_OPS, DecodeOps, fused_decode_for
 from streamtts.models.fish.llm.generate import (
     FastCodes,
+    Prefill,
     RepetitionWindows,
     SlowStep,
     decode_step,
     fast_codes,
     prefill_frame,
+    slow_prefill,
     slow_step,
 )
 from streamtts.models.fish.llm.llama import DualARTransformer, KVCache
@@ -137,6 +139,7 @@ class GeneratorWorker(Worker[_Command]):
         # The step's halves before any compile, and what runs each (models/fish/fused).
         self.decode_ops: DecodeOps = PYTHON_OPS
         self._slow: SlowStep = slow_step
+        self._prefill: Prefill = slow_prefill
         self.compile_s: dict[str, float] = {}  # seconds per compiled graph
         self.eager_graphs: list[str] = []  # compiled, but measured no faster than eager
         # Test seam: called with each job before its work in an iteration; may raise.
@@ -158,6 +161,11 @@ class GeneratorWorker(Worker[_Command]):
     def slow(self) -> SlowStep:
         """The slow transformer's step decode steps use: the fused op or Python, or compiled."""
         return self._slow
+
+    @property
+    def prefill(self) -> Prefill:
+        """The slow transformer over a prompt: the fused op where the slow step is fused."""
+        return self._prefill
 
     @property
     def capacity(self) -> int:
@@ -215,6 +223,7 @@ class GeneratorWorker(Worker[_Command]):
         with self._device.worker_stream("generator"), torch.inference_mode():
             self.decode_ops = fused_decode_for(self._model, self._settings.fused_ops)
             self._fast, self._slow = self.decode_ops.fast, self.decode_ops.slow
+            self._prefill = self.decode_ops.prefill
             if self._settings.compile:
                 self._compile()
             self._prefill_prefix()
@@ -263,7 +272,7 @@ class GeneratorWorker(Worker[_Command]):
     def _prefill_prefix(self) -> None:
         """The default voice's prefix, prefilled through slot 0 (free until a stream takes it)."""
         prefix = self._prefixes.tokens(None).to(self._model.device)
-        self._model.prefill(self._cache, prefix, 0, 0)
+        self._prefill(self._model, self._cache, prefix, 0, 0)
         self._prefixes.keep(None, self._cache, 0)
 
     def _apply(self, command: _Command) -> None:
@@ -338,7 +347,7 @@ class GeneratorWorker(Worker[_Command]):
         end = min(job.prefill_pos + self._settings.prefill_chunk_tokens, total)
         chunk = job.prompt[:, job.prefill_pos : end].to(self._model.device)  # [C+1, S]
         if end < total:
-            self._model.prefill(self._cache, chunk, stream.slot, job.prefill_pos)
+            self._prefill(self._model, self._cache, chunk, stream.slot, job.prefill_pos)
             job.prefill_pos = end
             return
         sampling = BatchSampling.from_params([job.params], self._model.device)
@@ -352,6 +361,7 @@ class GeneratorWorker(Worker[_Command]):
             stream.rng,
             upstream_draws=UPSTREAM_DRAWS,
             fast=self._fast,  # the decode steps' pass: fused (or compiled) where they have it
+            prefill=self._prefill,
         )
         stream.conversation.prefilled(job.prompt)
         if job.keep_prefix:

@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from streamtts.fish.devices import choose_dtype
 from streamtts.fish.engine import FishEngine, FishStream
 from streamtts.fish.jobs import SegmentJob
 from streamtts.fish.settings import FishSettings
+from streamtts.models.fish.fused.slow_step import FusedSlowStep
 from streamtts.models.fish.llm.generate import fast_codes, slow_step
 from streamtts.models.fish.llm.prompt import PromptBuilder
 from streamtts.models.fish.llm.tokenizer import FishTokenizer
@@ -472,8 +474,18 @@ async def test_the_fused_ops_speak_as_the_python_code(monkeypatch: pytest.Monkey
     and two at once, say what they say with ``fused_ops`` off. Both on oneDNN's layers: with
     the fused ops on, layers would otherwise be paired on an AVX512-BF16 CPU, whose sums
     differ from oneDNN's by roundings (paired, the op and the Python pass agree bit for bit:
-    ``tests/models/fish/fused/test_codebook_pass.py``)."""
+    ``tests/models/fish/fused/test_codebook_pass.py``). The prompts are prefilled by the fused
+    prefill where the slow step is fused."""
     monkeypatch.setattr(load, "why_not_paired", lambda: "kept on oneDNN in this test")
+    fused_prefills = 0
+    fused_prefill = FusedSlowStep.prefill
+
+    def counted(self: FusedSlowStep, *args: Any, **kwargs: Any) -> Any:
+        nonlocal fused_prefills
+        fused_prefills += 1
+        return fused_prefill(self, *args, **kwargs)
+
+    monkeypatch.setattr(FusedSlowStep, "prefill", counted)
 
     async def frames(settings: FishSettings) -> tuple[list[str], list[torch.Tensor]]:
         engine = FishEngine("synthetic:tiny", settings)
@@ -492,7 +504,11 @@ async def test_the_fused_ops_speak_as_the_python_code(monkeypatch: pytest.Monkey
             await engine.stop()
 
     fused_what, fused_frames = await frames(FishSettings(max_streams=2))
+    # the default voice's prefix at start, then each of the three segments' prompts
+    assert fused_prefills >= 4
+    fused_prefills = 0
     python_what, python_frames = await frames(FishSettings(max_streams=2, fused_ops=False))
+    assert fused_prefills == 0
     assert fused_what == ["fused", "fused"]
     assert python_what == ["python (fused_ops is off)"] * 2
     assert all(torch.equal(a, b) for a, b in zip(fused_frames, python_frames, strict=True))

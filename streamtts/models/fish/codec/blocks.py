@@ -19,6 +19,12 @@ any plain use of the weight fails loudly.
 Packed kernels sum in another order, so results move by a rounding (bf16 has no bit-exact
 reference; explicit fp32, the parity mode, is never packed). On the 2-core dev CPU a streamed
 8-frame chunk went from 6.1 to 4.5 ms per frame in bf16; in fp32 on a Zen 3, 23.6 to 18.2 ms.
+
+With the fused ops' library loaded on a CPU with AVX512-BF16, a bf16 stride-1 convolution of
+fitting shape may instead ``pack_rows_``: its weight in the conv pairs layout for
+``streamtts_fused::row_conv`` (``models/fish/fused/csrc/row_conv.cpp``), which rounds as the
+plain module does (the convolution, then SiLU, then the residual sum) and sums each output in
+one order whatever the chunk, so chunked decoding gives the one-shot bits.
 """
 
 from __future__ import annotations
@@ -30,6 +36,28 @@ from torch import Tensor, nn
 from streamtts.models.fish.codec.conv_state import LeftContext, is_time_major
 
 LAYER_NORM_EPS = 1e-6
+CONV_BLOCK = 16  # outputs per block of the conv pairs layout (csrc/row_conv.cpp: kLanes)
+
+
+def conv_pairs_fit(conv: nn.Conv1d) -> bool:
+    """Whether ``conv`` can take the conv pairs layout: bf16, dense, stride 1, an even number of
+    inputs and whole blocks of outputs."""
+    out_channels, in_channels, _ = conv.weight.shape
+    return (
+        conv.weight.dtype == torch.bfloat16
+        and conv.groups == 1
+        and conv.stride == (1,)
+        and in_channels % 2 == 0
+        and out_channels % CONV_BLOCK == 0
+    )
+
+
+def pack_conv_pairs(weight: Tensor) -> Tensor:
+    """[C_out, C_in, K] → [C_out/16, K, C_in/2, 16, 2]: per block of 16 outputs, tap and input
+    pair j, the outputs' (w[o, 2j, k], w[o, 2j+1, k]), contiguous."""
+    c_out, c_in, taps = weight.shape
+    blocks = weight.reshape(c_out // CONV_BLOCK, CONV_BLOCK, c_in // 2, 2, taps)
+    return blocks.permute(0, 4, 2, 1, 3).contiguous()
 
 
 class CausalConv1d(nn.Module):
@@ -60,6 +88,16 @@ class CausalConv1d(nn.Module):
         self.context_width = (kernel_size - 1) * dilation + 1 - stride
         self.context_slot = -1
         self.packed: Tensor | None = None  # [C_out, C_in / groups, 1, K] in oneDNN's layout
+        self.row_packed: Tensor | None = None  # [C_out/16, K, C_in/2, 16, 2] (row_conv)
+
+    def pack_rows_(self) -> bool:
+        """Hold the weight in the conv pairs layout for ``streamtts_fused::row_conv`` where it
+        fits (:func:`conv_pairs_fit`); returns whether it does. The caller has loaded the fused
+        library and checked the CPU (``row_conv_supported``)."""
+        if self.row_packed is None and self.packed is None and conv_pairs_fit(self.conv):
+            self.row_packed = pack_conv_pairs(self.conv.weight.detach())
+            _release_plain_weight(self.conv)
+        return self.row_packed is not None
 
     def pack_(self, typical_columns: int = 256) -> None:
         """Hold the weight in oneDNN's blocked layout from now on (CPU; see the module doc).
@@ -68,7 +106,7 @@ class CausalConv1d(nn.Module):
         guides the choice of blocking, any length is accepted afterwards. Packing twice is
         packing once (the plain weight is gone after the first).
         """
-        if self.packed is not None:
+        if self.packed is not None or self.row_packed is not None:
             return
         weight = self.conv.weight.detach().unsqueeze(2)  # [C_out, C_in / groups, 1, K]
         input_size = [1, self.in_channels, 1, typical_columns]
@@ -93,12 +131,26 @@ class CausalConv1d(nn.Module):
         else:
             assert self.stride == 1, "streaming needs stride 1"
             xp = ctx.extend(self.context_slot, x)  # [B, C_in, W + T]
+        if self.row_packed is not None:
+            return self._row_forward(xp, silu, residual)
         if self.packed is not None:
             return self._packed_forward(xp, silu, residual)
         w, b = self.conv.weight, self.conv.bias
         y = F.conv1d(xp, w, b, self.stride, 0, self.dilation, self.groups)
         y = F.silu(y) if silu else y
         return y if residual is None else residual + y
+
+    def _row_forward(self, xp: Tensor, silu: bool, residual: Tensor | None) -> Tensor:
+        rows = xp.transpose(1, 2)  # [B, W + T, C_in], contiguous where xp is time-major
+        y: Tensor = torch.ops.streamtts_fused.row_conv(
+            rows,
+            self.row_packed,
+            self.conv.bias,
+            self.dilation,
+            silu,
+            None if residual is None else residual.transpose(1, 2),
+        )  # [B, T_out, C_out]
+        return y.transpose(1, 2)  # [B, C_out, T_out], time-major
 
     def _packed_forward(self, xp: Tensor, silu: bool, residual: Tensor | None) -> Tensor:
         geometry = ([0, 0], [1, self.stride], [1, self.dilation], self.groups)

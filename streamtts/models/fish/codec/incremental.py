@@ -56,7 +56,10 @@ class IncrementalDecoder:
     does too (a Zen 3 without native bf16: real-time factor 0.51 -> 0.39, the audio within
     1.2e-7 of the unpacked decoder's; for ``dtype auto`` and ``int8``, not the parity mode).
     With ``in_place`` the given decoder is cast and packed itself instead of a copy of it (the
-    engine's own, just loaded: no second copy in memory at load).
+    engine's own, just loaded: no second copy in memory at load). With ``row_convs`` (the fused
+    ops' library loaded, a CPU with AVX512-BF16) a packed bf16 decoder's fitting convolutions
+    run ``streamtts_fused::row_conv`` instead of oneDNN's kernel (see
+    :mod:`streamtts.models.fish.codec.blocks`); :attr:`row_convs` counts them.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class IncrementalDecoder:
         pack: bool = True,
         pack_fp32: bool = False,
         in_place: bool = False,
+        row_convs: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
@@ -90,14 +94,23 @@ class IncrementalDecoder:
                 decoder = copy.deepcopy(decoder)
             decoder = decoder.to(self.device, weight_dtype)
         self.decoder = decoder.eval().requires_grad_(False)
+        self.row_convs = 0
         if self.packed:
-            _pack_(self.decoder)
+            self.row_convs = _pack_(self.decoder, row_convs)
         self._state_dtype = weight_dtype
         cfg = decoder.config
         self.sample_rate = cfg.sample_rate
         self.samples_per_frame = cfg.samples_per_code
         self.n_codebooks = cfg.quantizer.n_groups
         self._pad_index = decoder.fsq.lattice.neutral_index
+
+    @property
+    def conv_kernels(self) -> str:
+        """What convolves: ``row_conv (n convolutions)`` and oneDNN for the rest, ``onednn``
+        (packed) or ``aten``."""
+        if self.row_convs:
+            return f"row_conv ({self.row_convs} convolutions), onednn"
+        return "onednn" if self.packed else "aten"
 
     def new_state(self) -> DecoderState:
         """A stream at its start (zero context, exactly like upstream's zero padding)."""
@@ -173,9 +186,15 @@ class IncrementalDecoder:
             state.context = [t[b] for t in nxt]  # [C, W] views of the per-slot [B, C, W]
 
 
-def _pack_(decoder: FireflyDecoder) -> None:
-    """Pack every convolution and linear layer of a CPU decoder, bf16 or fp32 (in place)."""
+def _pack_(decoder: FireflyDecoder, row_convs: bool) -> int:
+    """Pack every convolution and linear layer of a CPU decoder, bf16 or fp32 (in place): with
+    ``row_convs`` the convolutions that fit for ``row_conv``, the others for oneDNN. Returns how
+    many went to ``row_conv``."""
+    rows = 0
     for module in decoder.modules():
-        if isinstance(module, (CausalConv1d, CausalConvTranspose1d)):
+        if isinstance(module, CausalConv1d) and row_convs and module.pack_rows_():
+            rows += 1
+        elif isinstance(module, (CausalConv1d, CausalConvTranspose1d)):
             module.pack_()
     replace_linears_(decoder, PackedLinear.from_linear)
+    return rows

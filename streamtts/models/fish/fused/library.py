@@ -41,8 +41,10 @@ SOURCES = (
     CSRC / "top_p.cpp",
     CSRC / "sample.cpp",
     CSRC / "attention.cpp",
+    CSRC / "row_ops.cpp",
+    CSRC / "row_conv.cpp",
 )
-HEADERS = (CSRC / "packed_ops.h", CSRC / "ranks.h", CSRC / "nucleus.h")
+HEADERS = (CSRC / "packed_ops.h", CSRC / "bf16x16.h", CSRC / "ranks.h", CSRC / "nucleus.h")
 LIBRARY_NAME = "streamtts_fused"
 # No -march=native: a library built once may be loaded on another x86-64 host (a shared cache
 # volume); row_linear's AVX512-BF16 code is compiled for that target alone and runs only where

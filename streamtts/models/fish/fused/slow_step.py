@@ -47,14 +47,54 @@ class FusedSlowStep:
     ) -> SlowOutput:
         """:meth:`DualARTransformer.decode_slow`: tokens [B, C+1, 1], slots and positions [B]
         → logits [B, V], hidden [B, D]."""
-        if model is not self.model:
-            raise ValueError("this fused step holds another model's weights")
-        n_q, n_kv, dh = self._layers.heads
+        self._check(model)
         logits, hidden = torch.ops.streamtts_fused.slow_step(
             tokens,
             slots,
             positions,
             padded_kv_len(kv_len, cache.max_seq_len),
+            *self._weights(cache),
+            model.decodes_attention_in_fp32(tokens.device),
+        )
+        return SlowOutput(logits, hidden)
+
+    def prefill(
+        self,
+        model: DualARTransformer,
+        cache: KVCache,
+        tokens: torch.Tensor,
+        slot: int,
+        start_pos: int = 0,
+        return_all: bool = False,
+    ) -> SlowOutput:
+        """:meth:`DualARTransformer.prefill`: tokens [C+1, S] into ``slot`` from
+        ``start_pos`` → logits and hidden state of the last position ([V], [D]), or of all
+        ([S, V], [S, D]) with ``return_all``."""
+        self._check(model)
+        tokens = tokens.to(model.device)
+        end = start_pos + tokens.shape[-1]
+        if end > cache.max_seq_len:
+            raise ValueError(f"prefill to position {end} exceeds the cache ({cache.max_seq_len})")
+        logits, hidden = torch.ops.streamtts_fused.slow_prefill(
+            tokens,
+            slot,
+            start_pos,
+            padded_kv_len(end, cache.max_seq_len),
+            *self._weights(cache),
+            return_all,
+        )
+        return SlowOutput(logits, hidden)
+
+    def _check(self, model: DualARTransformer) -> None:
+        if model is not self.model:
+            raise ValueError("this fused step holds another model's weights")
+
+    def _weights(self, cache: KVCache) -> tuple[object, ...]:
+        """The ops' arguments from the norms to the epsilon: the model's weights and shapes,
+        and ``cache``'s tensors."""
+        model = self.model
+        n_q, n_kv, dh = self._layers.heads
+        return (
             self._layers.norms,
             self._layers.packed,
             self._layers.qkv_bias,
@@ -72,6 +112,4 @@ class FusedSlowStep:
             n_kv,
             dh,
             model.norm.eps,
-            model.decodes_attention_in_fp32(tokens.device),
         )
-        return SlowOutput(logits, hidden)

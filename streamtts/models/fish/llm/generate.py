@@ -42,6 +42,9 @@ SlowStep = Callable[
 ]
 # The slow transformer's decode step as a plain function of the model, which can be compiled.
 slow_step: SlowStep = DualARTransformer.decode_slow
+# (model, cache, prompt [C+1, S], slot, start_pos) -> SlowOutput of the last position
+Prefill = Callable[[DualARTransformer, KVCache, torch.Tensor, int, int], SlowOutput]
+slow_prefill: Prefill = DualARTransformer.prefill
 
 
 @dataclass(frozen=True)
@@ -140,15 +143,17 @@ def prefill_frame(
     generator: torch.Generator | None = None,
     upstream_draws: bool = True,
     fast: FastCodes = fast_codes,
+    prefill: Prefill = slow_prefill,
 ) -> torch.Tensor:
     """Prefill ``prompt`` [C+1, S] into ``slot`` from ``start_pos``; sample its first frame [C+1].
 
     ``sampling`` holds one row; ``generator``: the sequence's own (``None``: the default one,
     drawn from as ``upstream_draws`` says: :func:`frame_noise`). ``fast`` runs the frame's
-    codebook pass, as in :func:`decode_step`. For a chunked prefill, call
-    :meth:`DualARTransformer.prefill` for the earlier chunks and this for the last one.
+    codebook pass, as in :func:`decode_step`, and ``prefill`` the slow transformer over the
+    prompt (:meth:`DualARTransformer.prefill`, or the fused op). For a chunked prefill, call
+    ``prefill`` for the earlier chunks and this for the last one.
     """
-    out = model.prefill(cache, prompt, slot, start_pos)
+    out = prefill(model, cache, prompt, slot, start_pos)
     noise = frame_noise(model, 1, [generator], upstream_draws)
     logits, hidden = out.logits[None], out.hidden[None]  # [1, V], [1, D]
     return sample_frame(model, cache, logits, hidden, sampling, None, noise, fast)[0]

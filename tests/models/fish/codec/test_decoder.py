@@ -19,6 +19,7 @@ import torch
 from streamtts.models.fish.codec.blocks import CausalConv1d, CausalConvTranspose1d
 from streamtts.models.fish.codec.firefly import Firefly, load_firefly
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
+from streamtts.models.fish.fused.convs import why_not_row_convs
 from streamtts.models.fish.packed import packs, packs_fp32
 from tests.fish_fixture import (
     FP32_DECODE,
@@ -117,12 +118,22 @@ def test_bf16_autocast_close_to_upstream_bf16(
     assert np.abs(got - fp32).max() > 1e-4  # really ran in bf16
 
 
-@pytest.mark.parametrize("autocast", [False, True], ids=["cast", "autocast"])
+@pytest.mark.parametrize(
+    ("autocast", "row_convs"),
+    [(False, False), (True, False), (False, True)],
+    ids=["cast", "autocast", "row_conv"],
+)
 def test_bf16_incremental_close_to_fp32(
-    firefly: Firefly, fish_fixture_dir: Path, fish_index: Index, autocast: bool
+    firefly: Firefly, fish_fixture_dir: Path, fish_index: Index, autocast: bool, row_convs: bool
 ) -> None:
-    """Every fp32 decode of the set, redone in bf16 chunks of 8 frames from a fresh state."""
-    dec = IncrementalDecoder(firefly.decoder, "cpu", torch.bfloat16, autocast=autocast)
+    """Every fp32 decode of the set, redone in bf16 chunks of 8 frames from a fresh state: cast
+    (oneDNN's convolutions where it packs), autocast, and the fused ops' ``row_conv``."""
+    if row_convs and (why_not := why_not_row_convs()) is not None:
+        pytest.skip(why_not)
+    dec = IncrementalDecoder(
+        firefly.decoder, "cpu", torch.bfloat16, autocast=autocast, row_convs=row_convs
+    )
+    assert (dec.row_convs > 0) == row_convs
     for name in fp32_decodes(fish_index):
         codes = codes_for(fish_fixture_dir, fish_index, name)
         want = expected(fish_fixture_dir, fish_index, name)

@@ -1,4 +1,5 @@
-"""The fused slow step: the Python step's logits, hidden state and KV-cache writes, bit for bit."""
+"""The fused slow step and prefill: the Python step's and prefill's logits, hidden states and
+KV-cache writes, bit for bit."""
 
 from __future__ import annotations
 
@@ -62,6 +63,47 @@ def test_the_fused_step_gives_the_python_step_bits(dtype: torch.dtype) -> None:
                     assert torch.equal(fused_cache.k, python_cache.k), where
                     assert torch.equal(fused_cache.v, python_cache.v), where
         model.decode_kernel = "auto"
+
+
+def prompt_tokens(model: DualARTransformer, length: int, seed: int) -> torch.Tensor:
+    """[C+1, S] int32: every other column a semantic token (its codebooks count)."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (model.config.num_codebooks + 1, length)
+    tokens = torch.randint(0, model.config.codebook_size, shape, generator=gen, dtype=torch.int32)
+    tokens[0, ::2] = model.semantic_begin_id + 3
+    return tokens
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@torch.inference_mode()
+def test_the_fused_prefill_gives_the_python_prefill_bits(dtype: torch.dtype) -> None:
+    """A prompt from the start, one after cached keys (all positions' outputs), one token; the
+    prompt's rows few enough for one thread and enough to be split between threads."""
+    load_library()
+    for name, model in variants(dtype).items():
+        fused_step = FusedSlowStep(model)
+        for start, length, return_all in ((0, 13, False), (37, 20, True), (100, 1, False)):
+            python_cache, fused_cache = random_cache(model, length), random_cache(model, length)
+            tokens = prompt_tokens(model, length, start)
+            args = (tokens, SLOTS[0], start, return_all)
+            want = model.prefill(python_cache, *args)
+            got = fused_step.prefill(model, fused_cache, *args)
+            where = (name, start, length)
+            vocab = model.config.vocab_size
+            assert got.logits.shape == ((length, vocab) if return_all else (vocab,)), where
+            assert torch.equal(got.logits, want.logits), where
+            assert torch.equal(got.hidden, want.hidden), where
+            assert torch.equal(fused_cache.k, python_cache.k), where
+            assert torch.equal(fused_cache.v, python_cache.v), where
+
+
+@torch.inference_mode()
+def test_the_fused_prefill_refuses_a_prompt_past_the_cache() -> None:
+    load_library()
+    model = packed(tiny(torch.float32))
+    cache = random_cache(model, 0)
+    with pytest.raises(ValueError, match="exceeds the cache"):
+        FusedSlowStep(model).prefill(model, cache, prompt_tokens(model, 20, 0), 0, CACHE_LEN - 10)
 
 
 def test_it_applies_only_to_packed_slow_layers_on_the_cpu() -> None:

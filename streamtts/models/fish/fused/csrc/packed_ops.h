@@ -2,9 +2,13 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cmath>
+#include <type_traits>
+
+#include "bf16x16.h"
 
 namespace streamtts_fused {
 
@@ -12,6 +16,9 @@ using at::Tensor;
 
 constexpr int64_t kTensorsPerLayer = 4;  // wqkv, wo, w13, w2 (packed)
 constexpr int64_t kNormsPerLayer = 2;    // attention_norm, ffn_norm
+// Rows of the elementwise loops below per thread: a decode step's few rows stay on the calling
+// thread; a prompt's (prefill) are split between the threads.
+constexpr int64_t kRowsPerThread = 16;
 
 // row_linear.cpp's op: bf16 rows times a weight in the pairs layout (PairedLinear.forward).
 // Called through the dispatcher, as oneDNN's is, so the profiler sees each product.
@@ -87,6 +94,72 @@ inline Tensor head_outputs(const Tensor& y, int64_t width) {
   return y.size(-1) == width ? y : y.narrow(-1, 0, width).contiguous();
 }
 
+// The bf16 loops below, 16 values at a time where the CPU has AVX-512 (bf16x16.h): each
+// returns where it stopped, the scalar loop doing the rest. The same operations and roundings.
+#if defined(__x86_64__)
+inline const uint16_t* bits(const at::BFloat16* p) { return reinterpret_cast<const uint16_t*>(p); }
+inline uint16_t* bits(at::BFloat16* p) { return reinterpret_cast<uint16_t*>(p); }
+
+// y[j] = x[j]·cos[j] + x[j^1]·sin[j], rounded, for j < dh in steps of 16 (pairs stay in a step).
+STREAMTTS_AVX512 inline int64_t rotate_bf16(const at::BFloat16* x, const float* cos,
+                                            const float* sin, at::BFloat16* y, int64_t dh) {
+  int64_t j = 0;
+  for (; j + 16 <= dh; j += 16) {
+    const __m512 v = load_bf16x16(bits(x + j));
+    const __m512 swapped = _mm512_permute_ps(v, 0xb1);  // (x1, x0, x3, x2, ...)
+    const __m512 product = _mm512_mul_ps(v, _mm512_loadu_ps(cos + j));
+    store_bf16x16(bits(y + j), _mm512_add_ps(product, _mm512_mul_ps(swapped, _mm512_loadu_ps(sin + j))));
+  }
+  return j;
+}
+
+// squares[i] = x[i]², from i = first towards end.
+STREAMTTS_AVX512 inline int64_t squares_bf16(const at::BFloat16* x, float* squares, int64_t first,
+                                             int64_t end) {
+  int64_t i = first;
+  for (; i + 16 <= end; i += 16) {
+    const __m512 v = load_bf16x16(bits(x + i));
+    _mm512_storeu_ps(squares + i, _mm512_mul_ps(v, v));
+  }
+  return i;
+}
+
+// y[i] = bf16(bf16(x[i]·inverse)·w[i]) for i < d.
+STREAMTTS_AVX512 inline int64_t normalize_bf16(const at::BFloat16* x, const at::BFloat16* w,
+                                               at::BFloat16* y, int64_t d, float inverse) {
+  const __m512 scale = _mm512_set1_ps(inverse);
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16) {
+    const __m512 normed = round_bf16x16(_mm512_mul_ps(load_bf16x16(bits(x + i)), scale));
+    store_bf16x16(bits(y + i), _mm512_mul_ps(normed, load_bf16x16(bits(w + i))));
+  }
+  return i;
+}
+#else
+inline int64_t rotate_bf16(const at::BFloat16*, const float*, const float*, at::BFloat16*,
+                           int64_t) { return 0; }
+inline int64_t squares_bf16(const at::BFloat16*, float*, int64_t first, int64_t) { return first; }
+inline int64_t normalize_bf16(const at::BFloat16*, const at::BFloat16*, at::BFloat16*, int64_t,
+                              float) { return 0; }
+#endif
+
+// The vector loops for bf16; other dtypes do every value in the scalar loops.
+template <typename T>
+int64_t rotate_vec(const T* x, const float* cos, const float* sin, T* y, int64_t dh) {
+  if constexpr (std::is_same_v<T, at::BFloat16>) return rotate_bf16(x, cos, sin, y, dh);
+  return 0;
+}
+template <typename T>
+int64_t squares_vec(const T* x, float* squares, int64_t first, int64_t end) {
+  if constexpr (std::is_same_v<T, at::BFloat16>) return squares_bf16(x, squares, first, end);
+  return first;
+}
+template <typename T>
+int64_t normalize_vec(const T* x, const T* w, T* y, int64_t d, float inverse) {
+  if constexpr (std::is_same_v<T, at::BFloat16>) return normalize_bf16(x, w, y, d, inverse);
+  return 0;
+}
+
 // rotate_pairs (llama.py) over the first `heads` heads of each row, rounded to the rows' dtype:
 // rows [B, >= heads·Dh] (its last dim contiguous), cos and sin [B, Dh] (a row each) or [Dh]
 // (one for all), fp32 -> [B, heads, Dh]. Each value is x·cos + swapped·sin with the Python
@@ -104,23 +177,29 @@ inline Tensor rotate_pairs_rounded(const Tensor& rows, int64_t heads, int64_t dh
   const Tensor c = cos.contiguous(), s = sin.contiguous();
   const int64_t trig_stride = c.dim() == 2 ? dh : 0;
   Tensor out = at::empty({b, heads, dh}, rows.options());
+  const bool vectors = avx512_bw();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, rows.scalar_type(),
                                   "rotate_pairs_rounded", [&] {
     const scalar_t* x = rows.const_data_ptr<scalar_t>();
     const float* cos_row = c.const_data_ptr<float>();
     const float* sin_row = s.const_data_ptr<float>();
     scalar_t* y = out.mutable_data_ptr<scalar_t>();
-    for (int64_t i = 0; i < b; ++i, x += row_stride, cos_row += trig_stride,
-                 sin_row += trig_stride) {
-      for (int64_t h = 0; h < heads; ++h, y += dh) {
-        const scalar_t* head = x + h * dh;
-        for (int64_t j = 0; j < dh; ++j) {
-          const float product = static_cast<float>(head[j]) * cos_row[j];
-          const float swapped = static_cast<float>(head[j ^ 1]) * sin_row[j];
-          y[j] = static_cast<scalar_t>(product + swapped);
+    at::parallel_for(0, b, kRowsPerThread, [&](int64_t first, int64_t end) {
+      for (int64_t i = first; i < end; ++i) {
+        const float* cos_i = cos_row + i * trig_stride;
+        const float* sin_i = sin_row + i * trig_stride;
+        for (int64_t h = 0; h < heads; ++h) {
+          const scalar_t* head = x + i * row_stride + h * dh;
+          scalar_t* y_head = y + (i * heads + h) * dh;
+          for (int64_t j = vectors ? rotate_vec(head, cos_i, sin_i, y_head, dh) : 0; j < dh;
+               ++j) {
+            const float product = static_cast<float>(head[j]) * cos_i[j];
+            const float swapped = static_cast<float>(head[j ^ 1]) * sin_i[j];
+            y_head[j] = static_cast<scalar_t>(product + swapped);
+          }
         }
       }
-    }
+    });
   });
   return out;
 }
@@ -144,25 +223,34 @@ inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   const int64_t n = rows.size(0);
   Tensor squares = at::empty({n, d}, rows.options().dtype(at::kFloat));
   Tensor out = at::empty_like(rows);
+  const bool vectors = avx512_bw();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "rms_norm", [&] {
     const scalar_t* xs = rows.const_data_ptr<scalar_t>();
     float* sq = squares.mutable_data_ptr<float>();
-    for (int64_t i = 0; i < n * d; ++i) {
-      const float v = static_cast<float>(xs[i]);
-      sq[i] = v * v;
-    }
+    at::parallel_for(0, n, kRowsPerThread, [&](int64_t first, int64_t end) {
+      for (int64_t i = vectors ? squares_vec(xs, sq, first * d, end * d) : first * d; i < end * d;
+           ++i) {
+        const float v = static_cast<float>(xs[i]);
+        sq[i] = v * v;
+      }
+    });
     const Tensor sums = at::sum(squares, -1);  // [R]
     const float* s = sums.const_data_ptr<float>();
     const scalar_t* ws = w.const_data_ptr<scalar_t>();
     scalar_t* ys = out.mutable_data_ptr<scalar_t>();
     const float eps32 = static_cast<float>(eps), count = static_cast<float>(d);
-    for (int64_t r = 0; r < n; ++r, xs += d, ys += d) {
-      const float inverse = 1.0f / std::sqrt(s[r] / count + eps32);
-      for (int64_t i = 0; i < d; ++i) {
-        const auto normed = static_cast<scalar_t>(static_cast<float>(xs[i]) * inverse);
-        ys[i] = static_cast<scalar_t>(static_cast<float>(normed) * static_cast<float>(ws[i]));
+    at::parallel_for(0, n, kRowsPerThread, [&](int64_t first, int64_t end) {
+      for (int64_t r = first; r < end; ++r) {
+        const float inverse = 1.0f / std::sqrt(s[r] / count + eps32);
+        const scalar_t* x_row = xs + r * d;
+        scalar_t* y_row = ys + r * d;
+        for (int64_t i = vectors ? normalize_vec(x_row, ws, y_row, d, inverse) : 0; i < d; ++i) {
+          const auto normed = static_cast<scalar_t>(static_cast<float>(x_row[i]) * inverse);
+          y_row[i] =
+              static_cast<scalar_t>(static_cast<float>(normed) * static_cast<float>(ws[i]));
+        }
       }
-    }
+    });
   });
   return out.view(x.sizes());
 }

@@ -50,6 +50,36 @@ Tensor embed(const Tensor& tokens_in, const Tensor& embeddings, const Tensor& co
   return text.add(at::where(is_semantic.unsqueeze(-1), vq_sum, at::Scalar(0.0)));
 }
 
+// TransformerBlock.forward over rows x [B, S, D] with the RoPE rows cos, sin [B·S, Dh]:
+// `attend(q [B,H,S,Dh], k [B,G,S,Dh], v [B,G,S,Dh]) -> [B,H,S,Dh]` writes the layer's keys and
+// values and attends (Attention.forward's `attend`). -> [B, S, D].
+template <typename Attend>
+Tensor slow_block(const Tensor& x, const Tensor* norm, const Tensor* w,
+                  const std::optional<Tensor>& qkv_bias, const Tensor& cos, const Tensor& sin,
+                  int64_t n_q, int64_t n_kv, int64_t dh, double eps, const Attend& attend) {
+  const int64_t b = x.size(0), s = x.size(1);
+  const int64_t q_dim = n_q * dh, kv_dim = n_kv * dh, heads = n_q + n_kv;
+  Tensor qkv = packed_linear(rms_norm(x, norm[0], eps), w[0], qkv_bias);  // [B,S,(H+2G)Dh]
+  Tensor qk = rotate_pairs_rounded(qkv.view({b * s, -1}), heads, dh, cos, sin)
+                  .view({b, s, heads, dh});  // [B,S,H+G,Dh]
+  std::vector<Tensor> qk_parts = qk.split_with_sizes({n_q, n_kv}, 2);
+  Tensor q = qk_parts[0].transpose(1, 2);  // [B,H,S,Dh]
+  Tensor k = qk_parts[1].transpose(1, 2);  // [B,G,S,Dh]
+  Tensor v = qkv.narrow(-1, q_dim + kv_dim, kv_dim).view({b, s, n_kv, dh}).transpose(1, 2);
+  Tensor y = attend(q, k, v);  // [B,H,S,Dh]
+  Tensor h = packed_linear_add(y.transpose(1, 2).reshape({b, s, q_dim}), w[1], std::nullopt, x);
+  return feed_forward_add(rms_norm(h, norm[1], eps), w[2], w[3], h);
+}
+
+// DualARTransformer._head: the final norm, then the packed head (or the tied embeddings).
+Tensor head(const Tensor& hidden, const Tensor& final_norm, const std::optional<Tensor>& output,
+            const Tensor& embeddings, double eps) {
+  Tensor normed = rms_norm(hidden, final_norm, eps);
+  const int64_t vocab = embeddings.size(0);
+  return output.has_value() ? head_outputs(packed_linear(normed, *output, std::nullopt), vocab)
+                            : at::linear(normed, embeddings);
+}
+
 // tokens [B, C+1, 1]; slots, positions [B] int64; kv_len the padded number of keys read.
 // Writes each layer's key and value at (slot, position) of cache_k/cache_v [L, slots, G, T, Dh].
 // output: the packed head, or none for tied embeddings. -> (logits [B, V], hidden [B, D]).
@@ -80,47 +110,78 @@ std::tuple<Tensor, Tensor> slow_step(
   const Tensor table = rope.index({positions});  // [B,2,Dh]
   const Tensor cos = table.select(1, 0);         // [B,Dh] (apply_rope)
   const Tensor sin = table.select(1, 1);
-  const int64_t q_dim = n_q * dh, kv_dim = n_kv * dh, heads = n_q + n_kv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   for (int64_t l = 0; l < n_layers; ++l) {
-    const Tensor* norm = &norms[kNormsPerLayer * l];
-    const Tensor* w = &packed[kTensorsPerLayer * l];
-    // Attention.forward at one position per row
-    Tensor qkv = packed_linear(rms_norm(x, norm[0], eps), w[0], qkv_bias.get(l));  // [B,1,(H+2G)Dh]
-    Tensor qk = rotate_pairs_rounded(qkv.view({b, -1}), heads, dh, cos, sin)
-                    .view({b, 1, heads, dh});  // [B,1,H+G,Dh]
-    std::vector<Tensor> qk_parts = qk.split_with_sizes({n_q, n_kv}, 2);
-    Tensor q = qk_parts[0].transpose(1, 2);  // [B,H,1,Dh]
-    Tensor k = qk_parts[1].transpose(1, 2);  // [B,G,1,Dh]
-    Tensor v = qkv.narrow(-1, q_dim + kv_dim, kv_dim).view({b, 1, n_kv, dh}).transpose(1, 2);
-    // Written through the whole cache, as decode_slow writes it.
-    Tensor layer_index = at::full_like(slots, l);
-    Tensor(cache_k).index_put_({layer_index, slots, Slice(), positions}, k.select(2, 0));
-    Tensor(cache_v).index_put_({layer_index, slots, Slice(), positions}, v.select(2, 0));
-    Tensor keys = cache_k.select(0, l).narrow(2, 0, kv_len).index_select(0, slots);  // [B,G,L,Dh]
-    Tensor values = cache_v.select(0, l).narrow(2, 0, kv_len).index_select(0, slots);
-    Tensor y;  // [B,H,1,Dh]
-    if (fp32_attention) {  // decode_attention
+    x = slow_block(x, &norms[kNormsPerLayer * l], &packed[kTensorsPerLayer * l], qkv_bias.get(l),
+                   cos, sin, n_q, n_kv, dh, eps, [&](const Tensor& q, const Tensor& k,
+                                                      const Tensor& v) {
+      // Written through the whole cache, as decode_slow writes it.
+      Tensor layer_index = at::full_like(slots, l);
+      Tensor(cache_k).index_put_({layer_index, slots, Slice(), positions}, k.select(2, 0));
+      Tensor(cache_v).index_put_({layer_index, slots, Slice(), positions}, v.select(2, 0));
+      Tensor keys = cache_k.select(0, l).narrow(2, 0, kv_len).index_select(0, slots);  // [B,G,L,Dh]
+      Tensor values = cache_v.select(0, l).narrow(2, 0, kv_len).index_select(0, slots);
+      if (!fp32_attention) {
+        return at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, std::nullopt,
+                                                n_q != keys.size(1));
+      }
+      // decode_attention
       Tensor grouped = q.to(at::kFloat).view({b, n_kv, n_q / n_kv, dh});  // [B,G,H/G,Dh]
       Tensor scores =
           at::matmul(grouped, keys.to(at::kFloat).transpose(-1, -2)).mul(scale).add(bias);
-      y = at::matmul(at::softmax(scores, -1), values.to(at::kFloat))
-              .view({b, n_q, 1, dh})
-              .to(q.scalar_type());
-    } else {
-      y = at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, std::nullopt,
-                                           n_q != keys.size(1));
-    }
-    Tensor h = packed_linear_add(y.transpose(1, 2).reshape({b, 1, q_dim}), w[1], std::nullopt, x);
-    x = feed_forward_add(rms_norm(h, norm[1], eps), w[2], w[3], h);
+      return at::matmul(at::softmax(scores, -1), values.to(at::kFloat))
+          .view({b, n_q, 1, dh})
+          .to(q.scalar_type());
+    });
   }
   Tensor hidden = x.select(1, 0);  // [B,D]
-  Tensor normed = rms_norm(hidden, final_norm, eps);
-  const int64_t vocab = embeddings.size(0);
-  Tensor logits = output.has_value()
-                      ? head_outputs(packed_linear(normed, *output, std::nullopt), vocab)
-                      : at::linear(normed, embeddings);  // [B,V]
-  return {logits, hidden};
+  return {head(hidden, final_norm, output, embeddings, eps), hidden};  // [B,V], [B,D]
+}
+
+// DualARTransformer.prefill: the prompt's tokens [C+1, S] at positions start_pos .. +S-1 of
+// cache slot `slot` (the keys before start_pos already there), attending by SDPA with the mask
+// over the padded kv_len keys, as the Python prefill does. -> (logits, hidden) of the last
+// position ([V], [D]), or of all of them ([S, V], [S, D]) with all_positions.
+std::tuple<Tensor, Tensor> slow_prefill(
+    const Tensor& tokens, int64_t slot, int64_t start_pos, int64_t kv_len, at::TensorList norms,
+    at::TensorList packed, const c10::List<std::optional<Tensor>>& qkv_bias,
+    const Tensor& final_norm, const std::optional<Tensor>& output, const Tensor& embeddings,
+    const Tensor& codebook_embeddings, const Tensor& rope, const Tensor& cache_k,
+    const Tensor& cache_v, int64_t codebook_size, int64_t semantic_begin, int64_t semantic_end,
+    int64_t n_q, int64_t n_kv, int64_t dh, double eps, bool all_positions) {
+  const int64_t n_layers = static_cast<int64_t>(qkv_bias.size());
+  check_layers("slow_prefill", norms, packed, n_layers);
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) > 0, "slow_prefill: tokens must be [C+1, S]");
+  const int64_t s = tokens.size(1), end = start_pos + s;
+  TORCH_CHECK(slot >= 0 && slot < cache_k.size(1), "slow_prefill: no cache slot ", slot);
+  TORCH_CHECK(start_pos >= 0 && end <= kv_len && kv_len <= cache_k.size(3),
+              "slow_prefill: positions ", start_pos, "..", end, " and kv_len ", kv_len,
+              " out of the cache (", cache_k.size(3), ")");
+  const auto long_options = at::TensorOptions().device(tokens.device()).dtype(at::kLong);
+  Tensor query_pos = at::arange(start_pos, end, long_options);  // [S]
+  Tensor key_pos = at::arange(kv_len, long_options);           // [L]
+  Tensor mask = key_pos.unsqueeze(0).le(query_pos.unsqueeze(1));  // [S,L]
+  Tensor x = embed(tokens.unsqueeze(0), embeddings, codebook_embeddings, codebook_size,
+                   semantic_begin, semantic_end);  // [1,S,D]
+  const Tensor table = rope.narrow(0, start_pos, s);  // [S,2,Dh]
+  const Tensor cos = table.select(1, 0);              // [S,Dh]
+  const Tensor sin = table.select(1, 1);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    x = slow_block(x, &norms[kNormsPerLayer * l], &packed[kTensorsPerLayer * l], qkv_bias.get(l),
+                   cos, sin, n_q, n_kv, dh, eps, [&](const Tensor& q, const Tensor& k,
+                                                      const Tensor& v) {
+      Tensor layer_k = cache_k.select(0, l), layer_v = cache_v.select(0, l);  // [slots,G,T,Dh]
+      layer_k.select(0, slot).narrow(1, start_pos, s).copy_(k.select(0, 0));
+      layer_v.select(0, slot).narrow(1, start_pos, s).copy_(v.select(0, 0));
+      Tensor keys = layer_k.narrow(0, slot, 1).narrow(2, 0, kv_len);  // [1,G,L,Dh]
+      Tensor values = layer_v.narrow(0, slot, 1).narrow(2, 0, kv_len);
+      return at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, std::nullopt,
+                                              n_q != keys.size(1));
+    });
+  }
+  Tensor hidden = x.select(0, 0);  // [S,D]
+  if (!all_positions) hidden = hidden.select(0, s - 1);  // [D]
+  return {head(hidden, final_norm, output, embeddings, eps), hidden};
 }
 
 }  // namespace
@@ -134,4 +195,11 @@ TORCH_LIBRARY_FRAGMENT(streamtts_fused, m) {
       "Tensor(b!) cache_v, int codebook_size, int semantic_begin, int semantic_end, int n_q, "
       "int n_kv, int dh, float eps, bool fp32_attention) -> (Tensor, Tensor)",
       &slow_step);
+  m.def(
+      "slow_prefill(Tensor tokens, int slot, int start_pos, int kv_len, Tensor[] norms, "
+      "Tensor[] packed, Tensor?[] qkv_bias, Tensor final_norm, Tensor? output, "
+      "Tensor embeddings, Tensor codebook_embeddings, Tensor rope, Tensor(a!) cache_k, "
+      "Tensor(b!) cache_v, int codebook_size, int semantic_begin, int semantic_end, int n_q, "
+      "int n_kv, int dh, float eps, bool all_positions) -> (Tensor, Tensor)",
+      &slow_prefill);
 }
