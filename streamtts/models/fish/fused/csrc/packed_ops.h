@@ -108,7 +108,8 @@ STREAMTTS_AVX512 inline int64_t rotate_bf16(const at::BFloat16* x, const float* 
     const __m512 v = load_bf16x16(bits(x + j));
     const __m512 swapped = _mm512_permute_ps(v, 0xb1);  // (x1, x0, x3, x2, ...)
     const __m512 product = _mm512_mul_ps(v, _mm512_loadu_ps(cos + j));
-    store_bf16x16(bits(y + j), _mm512_add_ps(product, _mm512_mul_ps(swapped, _mm512_loadu_ps(sin + j))));
+    const __m512 swapped_product = _mm512_mul_ps(swapped, _mm512_loadu_ps(sin + j));
+    store_bf16x16(bits(y + j), _mm512_add_ps(product, swapped_product));
   }
   return j;
 }

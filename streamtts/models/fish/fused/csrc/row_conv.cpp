@@ -60,7 +60,8 @@ STREAMTTS_BF16 inline __m512 exp16(__m512 x) {
   __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145751953125f)));
   r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(1.428606765330187e-06f)));
   __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) {
+  for (const float c :
+       {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) {
     p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
   }
   return _mm512_scalef_ps(p, n);
@@ -102,8 +103,9 @@ STREAMTTS_BF16 void tile(const int32_t* x, int64_t x_row, const __m512i* w, int6
     for (int r = 0; r < R; ++r) {
       __m512 v = streamtts_fused::round_bf16x16(_mm512_add_ps(acc[r][b], bias_b));
       if (silu) {
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), v));
-        v = streamtts_fused::round_bf16x16(_mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), v));  // e^-v
+        const __m512 sigmoid_denominator = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
+        v = streamtts_fused::round_bf16x16(_mm512_div_ps(v, sigmoid_denominator));
       }
       if (residual != nullptr) {
         v = _mm512_add_ps(streamtts_fused::load_bf16x16(residual + r * y_row + b * kLanes), v);
