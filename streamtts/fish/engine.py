@@ -98,7 +98,6 @@ class _Loaded:
     dtype: str
     fast_products: str
     slow_products: str
-    vocoder_convs: str
 
 
 class FishEngine(Engine):
@@ -184,7 +183,6 @@ class FishEngine(Engine):
             dtype=describe_dtype(model),
             fast_products=products(model.fast_layers),
             slow_products=products(model.layers),
-            vocoder_convs=decoder.conv_kernels,
         )
 
     async def _warm_up(self) -> None:
@@ -300,7 +298,7 @@ class FishEngine(Engine):
                 "fast_products": loaded.fast_products,
                 "slow_products": loaded.slow_products,
                 "slow_step": loaded.generator.decode_ops.slow_step,
-                "vocoder_convs": loaded.vocoder_convs,
+                "vocoder_convs": loaded.vocoder.decoder.conv_kernels,
                 "compile_s": dict(loaded.generator.compile_s),
                 "compiled_but_eager": list(loaded.generator.eager_graphs),
             }

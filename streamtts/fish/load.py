@@ -19,7 +19,6 @@ from streamtts.models.fish.codec.config import VocoderConfig
 from streamtts.models.fish.codec.decoder import FireflyDecoder
 from streamtts.models.fish.codec.encoder import FireflyEncoder
 from streamtts.models.fish.codec.firefly import GENERATOR_FILENAME, load_firefly
-from streamtts.models.fish.fused.convs import why_not_row_convs
 from streamtts.models.fish.fused.pairs import pair_linears_, slow_layers_pair, why_not_paired
 from streamtts.models.fish.llm.checkpoint import FishLLM, load_fish_llm
 from streamtts.models.fish.llm.llama import DualARTransformer, fuse_gate_up_
@@ -98,11 +97,11 @@ def prepare_llm(model: DualARTransformer, settings: FishSettings) -> None:
 
 
 def vocoder_row_convs(settings: FishSettings, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the bf16 vocoder's convolutions run ``row_conv`` (the fused ops on, a CPU with
-    AVX512-BF16: :mod:`streamtts.models.fish.fused.convs`); else oneDNN's, as before."""
+    """Whether the bf16 vocoder's convolutions run ``row_conv`` (the fused ops on, the library
+    and AVX512-BF16 there, as for the pairs layout: :func:`why_not_paired`); else oneDNN's."""
     if not settings.fused_ops or device.type != "cpu" or dtype != torch.bfloat16:
         return False
-    if (why_not := why_not_row_convs()) is not None:
+    if (why_not := why_not_paired()) is not None:
         log.info("the vocoder's convolutions stay on oneDNN: %s", why_not)
         return False
     return True

@@ -93,7 +93,7 @@ class CausalConv1d(nn.Module):
     def pack_rows_(self) -> bool:
         """Hold the weight in the conv pairs layout for ``streamtts_fused::row_conv`` where it
         fits (:func:`conv_pairs_fit`); returns whether it does. The caller has loaded the fused
-        library and checked the CPU (``row_conv_supported``)."""
+        library and checked the CPU (``why_not_paired`` in ``models/fish/fused/pairs.py``)."""
         if self.row_packed is None and self.packed is None and conv_pairs_fit(self.conv):
             self.row_packed = pack_conv_pairs(self.conv.weight.detach())
             _release_plain_weight(self.conv)

@@ -114,7 +114,8 @@ def _attention_shape(
 
 @functools.cache
 def why_not_paired() -> str | None:
-    """Why the pairs layout cannot be used here (None: it can): the library and AVX512-BF16."""
+    """Why the pairs layout cannot be used here (None: it can): the library and AVX512-BF16.
+    The bf16 vocoder's ``row_conv`` needs the same (``csrc/bf16x16.h``: ``avx512_bf16``)."""
     try:
         load_library()
     except FusedUnavailable as exc:

@@ -19,7 +19,7 @@ import torch
 from streamtts.models.fish.codec.blocks import CausalConv1d, CausalConvTranspose1d
 from streamtts.models.fish.codec.firefly import Firefly, load_firefly
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
-from streamtts.models.fish.fused.convs import why_not_row_convs
+from streamtts.models.fish.fused.pairs import why_not_paired
 from streamtts.models.fish.packed import packs, packs_fp32
 from tests.fish_fixture import (
     FP32_DECODE,
@@ -128,7 +128,7 @@ def test_bf16_incremental_close_to_fp32(
 ) -> None:
     """Every fp32 decode of the set, redone in bf16 chunks of 8 frames from a fresh state: cast
     (oneDNN's convolutions where it packs), autocast, and the fused ops' ``row_conv``."""
-    if row_convs and (why_not := why_not_row_convs()) is not None:
+    if row_convs and (why_not := why_not_paired()) is not None:
         pytest.skip(why_not)
     dec = IncrementalDecoder(
         firefly.decoder, "cpu", torch.bfloat16, autocast=autocast, row_convs=row_convs

@@ -134,7 +134,8 @@ def test_row_linear_add_is_the_residual_plus_the_product_bit_for_bit(
 ) -> None:
     """The residual connection in the product's epilogue: what ``residual + row_linear(x)``
     gives (ATen's bf16 add), for decode tiles and prompt tiles, a bias or none, leading dims,
-    a strided residual, and sums that cancel (a residual of the product's negation)."""
+    a strided residual, sums that cancel (a residual of the product's negation), and residuals
+    of denormals, zeros, infinities and a NaN added to a zero product."""
     n, k = shape
     gen = torch.Generator().manual_seed(n * k)
     weight = pack_pairs(torch.randn(n, k, generator=gen).bfloat16())
@@ -156,6 +157,12 @@ def test_row_linear_add_is_the_residual_plus_the_product_bit_for_bit(
     got = torch.ops.streamtts_fused.row_linear_add(x, weight, None, residual)
     assert got.shape == (2, 3, n)
     assert torch.equal(got, residual + torch.ops.streamtts_fused.row_linear(x, weight, None))
+    zeros = torch.zeros(1, k, dtype=torch.bfloat16)
+    specials = torch.tensor([1e-39, -3e-40, 0.0, -0.0, float("inf"), float("-inf"), float("nan")])
+    special = specials.repeat(n // len(specials) + 1)[:n][None].bfloat16()  # [1, N]
+    got = torch.ops.streamtts_fused.row_linear_add(zeros, weight, None, special)
+    want = special + torch.ops.streamtts_fused.row_linear(zeros, weight, None)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.usefixtures("paired_here")

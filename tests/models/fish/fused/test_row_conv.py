@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from streamtts.fish.load import synthetic_codec
 from streamtts.models.fish.codec.blocks import CausalConv1d, pack_conv_pairs
 from streamtts.models.fish.codec.incremental import IncrementalDecoder
-from streamtts.models.fish.fused.convs import why_not_row_convs
+from streamtts.models.fish.fused.pairs import why_not_paired
 from tests.models.fish.bf16 import bf16_step
 
 pytestmark = pytest.mark.usefixtures("fused_library")
@@ -22,7 +22,7 @@ SHAPES = [(64, 11, 5, 50), (96, 7, 3, 37), (48, 3, 1, 101), (16, 13, 1, 9), (256
 
 @pytest.fixture(autouse=True, scope="module")
 def row_conv_cpu(fused_library: None) -> None:
-    if (why_not := why_not_row_convs()) is not None:
+    if (why_not := why_not_paired()) is not None:
         pytest.skip(why_not)
 
 

@@ -6,7 +6,8 @@
 // the upper half; a NaN becomes 0x7fc0. Not VCVTNEPS2BF16, which treats denormal inputs as zero
 // and keeps a NaN's sign and payload. Products and sums are single fp32 operations, rounded as
 // the scalar code's (no fused multiply-add: the build's -ffp-contract=off, and none written).
-// Callers use these only where avx512_bw() says the CPU has the instructions.
+// Callers use these only where avx512_bw() says the CPU has the instructions; avx512_bf16() is
+// the check for the library's kernels that also multiply pairs of bf16 (vdpbf16ps).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,15 @@ inline bool avx512_bw() {
   static const bool supported = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }();
+  return supported;
+}
+
+// AVX-512 with the bf16 pairwise dot product (vdpbf16ps): row_linear's and row_conv's kernels.
+inline bool avx512_bf16() {
+  static const bool supported = [] {
+    __builtin_cpu_init();
+    return avx512_bw() && __builtin_cpu_supports("avx512bf16");
   }();
   return supported;
 }
@@ -59,6 +69,7 @@ STREAMTTS_AVX512 inline __m512 round_bf16x16(__m512 v) {
 #else
 
 inline bool avx512_bw() { return false; }
+inline bool avx512_bf16() { return false; }
 
 #endif
 

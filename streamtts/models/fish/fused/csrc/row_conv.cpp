@@ -43,12 +43,6 @@ constexpr int64_t kWorkItems = 8;   // at least this many (batch, block group, t
 
 #if defined(__x86_64__)
 
-bool supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512bf16");
-}
-
 #define STREAMTTS_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 // e^x in fp32 to about 2 ulp: x = n ln 2 + r, |r| <= ln2 / 2, e^r by its Taylor polynomial to
@@ -128,15 +122,13 @@ constexpr auto kTiles = tiles_of<NB>(std::make_integer_sequence<int, kRows<NB>>{
 
 #else  // another architecture: no such kernel, and the vocoder keeps oneDNN's
 
-bool supported() { return false; }
-
 #endif
 
 // x [B, Tin, Cin] bf16 (time-major rows), packed [Cout/16, K, Cin/2, 16, 2] bf16, bias [Cout]
 // or none, residual [B, Tout, Cout] bf16 or none -> [B, Tout, Cout], Tout = Tin - (K - 1)·d.
 Tensor row_conv(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias,
                 int64_t dilation, bool silu, const std::optional<Tensor>& residual) {
-  TORCH_CHECK(supported(), "row_conv: this CPU has no AVX512-BF16");
+  TORCH_CHECK(streamtts_fused::avx512_bf16(), "row_conv: this CPU has no AVX512-BF16");
 #if defined(__x86_64__)
   TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kBFloat16 &&
                   packed.scalar_type() == at::kBFloat16,
@@ -212,7 +204,6 @@ TORCH_LIBRARY_FRAGMENT(streamtts_fused, m) {
   m.def(
       "row_conv(Tensor x, Tensor packed, Tensor? bias, int dilation, bool silu, "
       "Tensor? residual) -> Tensor");
-  m.def("row_conv_supported() -> bool", &supported);
 }
 
 TORCH_LIBRARY_IMPL(streamtts_fused, CPU, m) { m.impl("row_conv", &row_conv); }

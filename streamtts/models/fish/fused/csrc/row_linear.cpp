@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "bf16x16.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -43,12 +45,6 @@ constexpr int kMaxRowsPerTile = 4;                  // 4 rows x 4 blocks = 16 ac
 // L1 without the hint measured 0.5-0.8x on 2026-12-06.)
 // A prompt's rows reuse each task's weights from L2 for every tile, and take no hint.
 constexpr int64_t kPrefetchPairs = 32;
-
-bool supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512bf16");
-}
 
 // bf16 -> fp32: the pattern in the upper half of each lane.
 __attribute__((target("avx512f,avx512bw"))) inline __m512 widen(__m256i bf16) {
@@ -96,13 +92,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void tile(
     const __m512 bias_b = bias != nullptr ? _mm512_loadu_ps(bias + b * kLanes) : _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bias_b));
-      if (residual != nullptr) {
-        const __m256i rest = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(residual + r * y_stride + b * kLanes));
-        out = _mm512_cvtneps_pbh(_mm512_add_ps(widen(rest), widen((__m256i)out)));
+      const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bias_b));
+      uint16_t* y_rb = y + r * y_stride + b * kLanes;
+      if (residual != nullptr) {  // rounded as ATen rounds (bf16x16.h), denormals kept
+        const __m512 rest = streamtts_fused::load_bf16x16(residual + r * y_stride + b * kLanes);
+        streamtts_fused::store_bf16x16(y_rb, _mm512_add_ps(rest, widen((__m256i)out)));
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y_rb), (__m256i)out);
       }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + r * y_stride + b * kLanes), (__m256i)out);
     }
   }
 }
@@ -114,11 +111,9 @@ constexpr TileFn kTiles[kMaxRowsPerTile + 1] = {nullptr, tile<1, false>, tile<2,
 constexpr TileFn kStreamedTiles[kMaxRowsPerTile + 1] = {nullptr, tile<1, true>, tile<2, true>,
                                                         tile<3, true>, tile<4, true>};
 
-#else  // another architecture: no such kernel, and PairedLinear is never made
+#endif  // elsewhere no kernel: supported() is false, and PairedLinear is never made
 
-bool supported() { return false; }
-
-#endif
+bool supported() { return streamtts_fused::avx512_bf16(); }
 
 // x [..., K] bf16, packed [N/64, K/2, 64, 2] bf16, bias [N] or none, residual [..., N] bf16 or
 // none -> [..., N] bf16: x times the weight, plus the bias, then plus the residual.
