@@ -89,6 +89,7 @@ class CausalConv1d(nn.Module):
         self.context_slot = -1
         self.packed: Tensor | None = None  # [C_out, C_in / groups, 1, K] in oneDNN's layout
         self.row_packed: Tensor | None = None  # [C_out/16, K, C_in/2, 16, 2] (row_conv)
+        self.row_bias: Tensor | None = None  # [C_out] fp32: the kernel adds it in fp32 anyway
 
     def pack_rows_(self) -> bool:
         """Hold the weight in the conv pairs layout for ``streamtts_fused::row_conv`` where it
@@ -96,6 +97,8 @@ class CausalConv1d(nn.Module):
         library and checked the CPU (``why_not_paired`` in ``models/fish/fused/pairs.py``)."""
         if self.row_packed is None and self.packed is None and conv_pairs_fit(self.conv):
             self.row_packed = pack_conv_pairs(self.conv.weight.detach())
+            if self.conv.bias is not None:  # widened once here, not at every call
+                self.row_bias = self.conv.bias.detach().float()
             _release_plain_weight(self.conv)
         return self.row_packed is not None
 
@@ -145,7 +148,7 @@ class CausalConv1d(nn.Module):
         y: Tensor = torch.ops.streamtts_fused.row_conv(
             rows,
             self.row_packed,
-            self.conv.bias,
+            self.row_bias,
             self.dilation,
             silu,
             None if residual is None else residual.transpose(1, 2),

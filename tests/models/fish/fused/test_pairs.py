@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -96,6 +98,25 @@ def test_row_linear_rounds_fp32_sums_once(shape: tuple[int, int]) -> None:
             assert bool(((got.float() - want).abs() <= allowed).all()), (rows, shape)
             rounded = (got == want.bfloat16()).float().mean().item()
             assert rounded > 0.99, (rows, shape, rounded)
+
+
+@pytest.mark.usefixtures("paired_here")
+def test_row_linear_rounds_as_torch_does_denormals_infinities_and_nan() -> None:
+    """The fp32 sum is rounded as c10 rounds a float to bf16 (``.bfloat16()``): a zero product
+    plus a bias gives the bias, its denormals kept, ±0, ±inf and NaN too. (VCVTNEPS2BF16, and
+    oneDNN's bf16 ``F.linear``, flush denormals to zero.)"""
+    tiny = torch.finfo(torch.bfloat16).tiny  # the smallest normal bf16
+    specials = [tiny / 2, -tiny / 4, tiny / 128, -tiny * 3 / 8, 0.0, -0.0, math.inf, -math.inf]
+    bias = torch.tensor(specials * 8, dtype=torch.float32).bfloat16()  # [64]
+    bias[5] = math.nan
+    magnitude = bias.float().abs()
+    assert int(((magnitude > 0) & (magnitude < tiny)).sum()) == 4 * 8  # denormals as bf16 too
+    weight, x = torch.randn(64, 32).bfloat16(), torch.zeros(3, 32).bfloat16()
+    got = PairedLinear(weight, bias)(x)
+    want = F.linear(x.float(), weight.float(), bias.float()).bfloat16()
+    assert torch.equal(got.isnan(), want.isnan()) and bool(got.isnan()[:, 5].all())
+    same = got.view(torch.int16) == want.view(torch.int16)  # the bit patterns: -0.0 too
+    assert bool(same[:, torch.arange(64) != 5].all())
 
 
 @pytest.mark.usefixtures("paired_here")

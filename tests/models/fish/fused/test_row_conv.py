@@ -130,6 +130,29 @@ def test_a_module_packs_rows_only_where_it_fits() -> None:
 
 
 @torch.inference_mode()
+def test_a_packed_module_convolves_at_once_without_a_context() -> None:
+    """A row-packed module called without a left context (the whole input at once) pads it
+    as the plain module does and runs the kernel on those rows: the op's bits, within a step
+    of the exact convolution; its bias (held in fp32 once packed) is the plain one's."""
+    module = CausalConv1d(64, 64, 5, dilation=2).bfloat16()
+    weight, bias = module.conv.weight.detach().clone(), module.conv.bias.detach().clone()
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 64, 23, generator=gen).bfloat16()  # [B, C, T]
+    residual = torch.randn(2, 64, 23, generator=gen).bfloat16()
+    assert module.pack_rows_() and module.row_bias is not None
+    assert torch.equal(module.row_bias, bias.float())
+    got = module(x)  # [B, C, T]
+    padded = F.pad(x, (module.context_width, 0))  # [B, C, W + T]
+    rows = row_conv(padded.transpose(1, 2).contiguous(), weight, bias, 2)  # [B, T, C]
+    assert got.shape == x.shape and torch.equal(got, rows.transpose(1, 2))
+    exact = F.conv1d(padded.float(), weight.float(), bias.float(), dilation=2)
+    assert ((got.float() - exact).abs() <= bf16_step(exact)).all()
+    assert torch.equal(module(x, residual=residual), residual + got)
+    activated = module(x, silu=True)
+    assert ((activated.float() - F.silu(got).float()).abs() <= bf16_step(F.silu(got).float())).all()
+
+
+@torch.inference_mode()
 def test_the_decoder_on_row_convs_decodes_chunks_as_at_once() -> None:
     """The synthetic 1.5 vocoder with its dense convolutions on row_conv: chunks of 1, 3, 8 and
     12 frames give the bits of one call, and oneDNN's decoder differs from it by roundings."""

@@ -125,7 +125,8 @@ constexpr auto kTiles = tiles_of<NB>(std::make_integer_sequence<int, kRows<NB>>{
 #endif
 
 // x [B, Tin, Cin] bf16 (time-major rows), packed [Cout/16, K, Cin/2, 16, 2] bf16, bias [Cout]
-// or none, residual [B, Tout, Cout] bf16 or none -> [B, Tout, Cout], Tout = Tin - (K - 1)·d.
+// (bf16 or fp32: added in fp32) or none, residual [B, Tout, Cout] bf16 or none
+// -> [B, Tout, Cout], Tout = Tin - (K - 1)·d.
 Tensor row_conv(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias,
                 int64_t dilation, bool silu, const std::optional<Tensor>& residual) {
   TORCH_CHECK(streamtts_fused::avx512_bf16(), "row_conv: this CPU has no AVX512-BF16");

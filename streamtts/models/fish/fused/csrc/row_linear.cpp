@@ -46,11 +46,6 @@ constexpr int kMaxRowsPerTile = 4;                  // 4 rows x 4 blocks = 16 ac
 // A prompt's rows reuse each task's weights from L2 for every tile, and take no hint.
 constexpr int64_t kPrefetchPairs = 32;
 
-// bf16 -> fp32: the pattern in the upper half of each lane.
-__attribute__((target("avx512f,avx512bw"))) inline __m512 widen(__m256i bf16) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
-}
-
 // R rows of x (as int32 bf16 pairs) times one task's weights: y rows [R, 64 of N]; with
 // `kStreamed`, the weights are prefetched kPrefetchPairs ahead (a prefetch never faults, so
 // reading ahead past the weight's end is harmless). With a `residual` (rows [R, 64 of N], bf16),
@@ -92,13 +87,15 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void tile(
     const __m512 bias_b = bias != nullptr ? _mm512_loadu_ps(bias + b * kLanes) : _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bias_b));
+      // Rounded as c10 rounds (bf16x16.h), denormals kept: VCVTNEPS2BF16 would flush them.
+      const __m512 out = _mm512_add_ps(acc[r][b], bias_b);
       uint16_t* y_rb = y + r * y_stride + b * kLanes;
-      if (residual != nullptr) {  // rounded as ATen rounds (bf16x16.h), denormals kept
+      if (residual != nullptr) {  // then added as ATen adds two bf16 tensors
         const __m512 rest = streamtts_fused::load_bf16x16(residual + r * y_stride + b * kLanes);
-        streamtts_fused::store_bf16x16(y_rb, _mm512_add_ps(rest, widen((__m256i)out)));
+        streamtts_fused::store_bf16x16(y_rb,
+                                       _mm512_add_ps(rest, streamtts_fused::round_bf16x16(out)));
       } else {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y_rb), (__m256i)out);
+        streamtts_fused::store_bf16x16(y_rb, out);
       }
     }
   }
