@@ -84,7 +84,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void tile(
   }
 #pragma GCC unroll 4
   for (int b = 0; b < kBlocks; ++b) {
-    const __m512 bias_b = bias != nullptr ? _mm512_loadu_ps(bias + b * kLanes) : _mm512_setzero_ps();
+    const __m512 bias_b =
+        bias != nullptr ? _mm512_loadu_ps(bias + b * kLanes) : _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       // Rounded as c10 rounds (bf16x16.h), denormals kept: VCVTNEPS2BF16 would flush them.

@@ -99,7 +99,8 @@ std::tuple<Tensor, Tensor> slow_step(
   TORCH_CHECK(kv_len > 0 && kv_len <= cache_k.size(3), "slow_step: kv_len out of the cache");
   const auto device = tokens.device();
   Tensor key_pos = at::arange(kv_len, at::TensorOptions().device(device).dtype(at::kLong));
-  Tensor mask = key_pos.unsqueeze(0).le(positions.unsqueeze(1)).unsqueeze(1).unsqueeze(1);  // [B,1,1,L]
+  // [B, 1, 1, L]
+  Tensor mask = key_pos.unsqueeze(0).le(positions.unsqueeze(1)).unsqueeze(1).unsqueeze(1);
   Tensor bias;  // attention_bias: 0 or -inf, fp32
   if (fp32_attention) {
     bias = at::zeros(mask.sizes(), at::TensorOptions().device(device).dtype(at::kFloat))
