@@ -72,14 +72,12 @@ class FusedSlowStep:
         ([S, V], [S, D]) with ``return_all``."""
         self._check(model)
         tokens = tokens.to(model.device)
-        end = start_pos + tokens.shape[-1]
-        if end > cache.max_seq_len:
-            raise ValueError(f"prefill to position {end} exceeds the cache ({cache.max_seq_len})")
+        _, kv_len = cache.prefill_span(start_pos, tokens.shape[-1])
         logits, hidden = torch.ops.streamtts_fused.slow_prefill(
             tokens,
             slot,
             start_pos,
-            padded_kv_len(end, cache.max_seq_len),
+            kv_len,
             *self._weights(cache),
             return_all,
         )

@@ -320,6 +320,14 @@ class KVCache:
     def max_seq_len(self) -> int:
         return self.k.shape[3]
 
+    def prefill_span(self, start_pos: int, length: int) -> tuple[int, int]:
+        """A prefill of ``length`` positions from ``start_pos``: its end and the padded number
+        of keys it attends over (:func:`padded_kv_len`); ValueError where it outruns the cache."""
+        end = start_pos + length
+        if end > self.max_seq_len:
+            raise ValueError(f"prefill to position {end} exceeds the cache ({self.max_seq_len})")
+        return end, padded_kv_len(end, self.max_seq_len)
+
     def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
         """Copy the keys/values of positions ``[0, length)`` from one slot to another.
 
@@ -454,12 +462,8 @@ class DualARTransformer(nn.Module):
         or of all positions ([S, V], [S, D]) with ``return_all``.
         """
         tokens = tokens.to(self.device)
-        s = tokens.shape[-1]
-        end = start_pos + s
-        if end > cache.max_seq_len:
-            raise ValueError(f"prefill to position {end} exceeds the cache ({cache.max_seq_len})")
+        end, kv_len = cache.prefill_span(start_pos, tokens.shape[-1])
         n_head = self.config.n_head
-        kv_len = padded_kv_len(end, cache.max_seq_len)
         query_pos = torch.arange(start_pos, end, device=tokens.device)  # [S]
         key_pos = torch.arange(kv_len, device=tokens.device)  # [L]
         mask = key_pos[None, :] <= query_pos[:, None]  # [S, L]
