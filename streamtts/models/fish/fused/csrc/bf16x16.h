@@ -66,6 +66,14 @@ STREAMTTS_AVX512 inline __m512 round_bf16x16(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16));
 }
 
+// A kernel's epilogue for 16 outputs v (bf16 values, widened): plus the 16 bf16 at `residual`
+// where given, summed as ATen adds two bf16 tensors (both widened, one fp32 sum, rounded),
+// then stored at y.
+STREAMTTS_AVX512 inline void store_plus_residual(uint16_t* y, __m512 v, const uint16_t* residual) {
+  if (residual != nullptr) v = _mm512_add_ps(load_bf16x16(residual), v);
+  store_bf16x16(y, v);
+}
+
 #else
 
 inline bool avx512_bw() { return false; }

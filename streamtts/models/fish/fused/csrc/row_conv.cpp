@@ -101,10 +101,9 @@ STREAMTTS_BF16 void tile(const int32_t* x, int64_t x_row, const __m512i* w, int6
         const __m512 sigmoid_denominator = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
         v = streamtts_fused::round_bf16x16(_mm512_div_ps(v, sigmoid_denominator));
       }
-      if (residual != nullptr) {
-        v = _mm512_add_ps(streamtts_fused::load_bf16x16(residual + r * y_row + b * kLanes), v);
-      }
-      streamtts_fused::store_bf16x16(y + r * y_row + b * kLanes, v);
+      const int64_t at = r * y_row + b * kLanes;
+      const uint16_t* rest = residual != nullptr ? residual + at : nullptr;
+      streamtts_fused::store_plus_residual(y + at, v, rest);
     }
   }
 }

@@ -89,15 +89,10 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void tile(
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       // Rounded as c10 rounds (bf16x16.h), denormals kept: VCVTNEPS2BF16 would flush them.
-      const __m512 out = _mm512_add_ps(acc[r][b], bias_b);
-      uint16_t* y_rb = y + r * y_stride + b * kLanes;
-      if (residual != nullptr) {  // then added as ATen adds two bf16 tensors
-        const __m512 rest = streamtts_fused::load_bf16x16(residual + r * y_stride + b * kLanes);
-        streamtts_fused::store_bf16x16(y_rb,
-                                       _mm512_add_ps(rest, streamtts_fused::round_bf16x16(out)));
-      } else {
-        streamtts_fused::store_bf16x16(y_rb, out);
-      }
+      const __m512 out = streamtts_fused::round_bf16x16(_mm512_add_ps(acc[r][b], bias_b));
+      const int64_t at = r * y_stride + b * kLanes;
+      const uint16_t* rest = residual != nullptr ? residual + at : nullptr;
+      streamtts_fused::store_plus_residual(y + at, out, rest);
     }
   }
 }
