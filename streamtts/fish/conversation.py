@@ -55,16 +55,19 @@ class Conversation:
         turn: torch.Tensor,
         max_prompt_tokens: int,
         max_seq_len: int,
-        prefix_cached: bool = True,
+        kept: torch.Tensor | None,
     ) -> Plan:
-        """Add ``turn`` to the history and plan its segment's prompt. ``prefix_cached``: the
-        voice prefix's keys/values are cached (else the first segment prefills it)."""
+        """Add ``turn`` to the history and plan its segment's prompt. ``kept``: the columns
+        whose keys/values the voice keeps (its prefix and a turn's opening, copied into the
+        slot for a first segment), or None while it keeps none (the first segment prefills
+        them)."""
         first = self.cached_tokens is None
         before, history = self.cached_tokens, tuple(self.history)
+        prefix_cached = kept is not None
         if self.cached_tokens is not None:
             cached = self.cached_tokens
         else:
-            cached = prefix if prefix_cached else prefix[:, :0]
+            cached = kept if kept is not None else prefix[:, :0]
         self.history.append(turn)
         prompt = segment_prompt(prefix, self.history, max_prompt_tokens)
         if prompt.shape[1] + MIN_FRAMES_ROOM > max_seq_len:

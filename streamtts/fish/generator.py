@@ -271,8 +271,8 @@ class GeneratorWorker(Worker[_Command]):
 
     def _prefill_prefix(self) -> None:
         """The default voice's prefix, prefilled through slot 0 (free until a stream takes it)."""
-        prefix = self._prefixes.tokens(None).to(self._model.device)
-        self._prefill(self._model, self._cache, prefix, 0, 0)
+        held = self._prefixes.held_tokens(None).to(self._model.device)
+        self._prefill(self._model, self._cache, held, 0, 0)
         self._prefixes.keep(None, self._cache, 0)
 
     def _apply(self, command: _Command) -> None:
@@ -382,7 +382,7 @@ class GeneratorWorker(Worker[_Command]):
             self._prompts.turn(job.text),
             self._cache.max_seq_len,
             self._cache.max_seq_len,
-            prefix_cached=self._prefixes.cached(stream.voice),
+            self._prefixes.kept_tokens(stream.voice),
         )
         if plan.copy_prefix:
             self._prefixes.copy_into(stream.voice, self._cache, stream.slot)

@@ -11,6 +11,12 @@ prefill, so it never holds up other streams — and then kept, for at most ``cap
 (least recently used first out). Each kept prefix holds ``[layers, kv_heads, P, head_dim]`` keys
 and values: 12 KiB per prefix token for Fish-Speech 1.5 in bf16 (24 in fp32), so a 10 s
 reference (~250 tokens) takes about 3 MiB. Used on the generator thread only.
+
+What is kept is the prefix and the opening of the turn that follows it (the user message's
+header, :meth:`PromptBuilder.turn_opening`): a stream's first segment always begins with both,
+so it prefills from its text on (the synthetic tokenizer's header is 5 tokens of the bench
+sentence's 51; a real tokenizer's, 3). A later segment's turn follows the stream's history,
+where the slot's own keys/values serve.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ DEFAULT_KEY = ""  # the default voice: no reference
 @dataclass
 class _Prefix:
     tokens: torch.Tensor  # [C+1, P] on the CPU
-    keys: torch.Tensor | None = None  # [layers, G, P, Dh] on the model's device, once computed
+    held: torch.Tensor  # [C+1, P + h]: the prefix and a turn's opening, whose keys/values are kept
+    keys: torch.Tensor | None = None  # [layers, G, P + h, Dh] on the model's device, once computed
     values: torch.Tensor | None = None
 
 
@@ -39,7 +46,10 @@ class VoicePrefixes:
         self._prompts = prompts
         self._capacity = capacity
         self._entries: OrderedDict[str, _Prefix] = OrderedDict()
-        self._entries[DEFAULT_KEY] = _Prefix(prompts.prefix())
+        self._entries[DEFAULT_KEY] = self._entry(prompts.prefix())
+
+    def _entry(self, prefix: torch.Tensor) -> _Prefix:
+        return _Prefix(prefix, torch.cat([prefix, self._prompts.turn_opening()], dim=1))
 
     @staticmethod
     def key(voice: ClonedVoice | None) -> str:
@@ -47,22 +57,31 @@ class VoicePrefixes:
 
     def tokens(self, voice: ClonedVoice | None) -> torch.Tensor:
         """The voice's prefix tokens [C+1, P] (built on first use)."""
+        return self._get(voice).tokens
+
+    def held_tokens(self, voice: ClonedVoice | None) -> torch.Tensor:
+        """The columns whose keys/values are kept for the voice, once computed: its prefix and
+        a turn's opening, [C+1, P + h] (built on first use)."""
+        return self._get(voice).held
+
+    def _get(self, voice: ClonedVoice | None) -> _Prefix:
         entry = self._entries.get(self.key(voice))
         if entry is None:
             assert voice is not None
             reference = Reference(voice.text, torch.from_numpy(voice.codes))
-            entry = _Prefix(self._prompts.prefix([reference]))
+            entry = self._entry(self._prompts.prefix([reference]))
             self._entries[voice.key] = entry
             self._evict()
         self._entries.move_to_end(self.key(voice))
-        return entry.tokens
+        return entry
 
-    def cached(self, voice: ClonedVoice | None) -> bool:
+    def kept_tokens(self, voice: ClonedVoice | None) -> torch.Tensor | None:
+        """:meth:`held_tokens` once their keys/values are kept, else None."""
         entry = self._entries.get(self.key(voice))
-        return entry is not None and entry.keys is not None
+        return None if entry is None or entry.keys is None else entry.held
 
     def copy_into(self, voice: ClonedVoice | None, cache: KVCache, slot: int) -> None:
-        """Write the voice's cached keys/values into positions [0, P) of ``slot``."""
+        """Write the voice's cached keys/values into positions [0, P + h) of ``slot``."""
         entry = self._entries[self.key(voice)]
         assert entry.keys is not None and entry.values is not None
         length = entry.keys.shape[2]
@@ -70,11 +89,12 @@ class VoicePrefixes:
         cache.v[:, slot, :, :length] = entry.values
 
     def keep(self, voice: ClonedVoice | None, cache: KVCache, slot: int) -> None:
-        """``slot`` holds the voice's prefix at positions [0, P): keep a copy of it."""
+        """``slot`` holds the voice's :meth:`held_tokens` at positions [0, P + h): keep a copy
+        of their keys/values."""
         entry = self._entries.get(self.key(voice))
         if entry is None:  # forgotten meanwhile (deleted, or evicted)
             return
-        length = entry.tokens.shape[1]
+        length = entry.held.shape[1]
         entry.keys = cache.k[:, slot, :, :length].clone()
         entry.values = cache.v[:, slot, :, :length].clone()
 

@@ -25,6 +25,7 @@ from streamtts.fish import compiled as compiled_passes
 from streamtts.fish import devices, load
 from streamtts.fish.devices import choose_dtype
 from streamtts.fish.engine import FishEngine, FishStream
+from streamtts.fish.generator import GeneratorWorker
 from streamtts.fish.jobs import SegmentJob
 from streamtts.fish.settings import FishSettings
 from streamtts.models.fish.fused.slow_step import FusedSlowStep
@@ -312,6 +313,32 @@ async def test_the_engine_runs_upstreams_prompt_for_emoji_texts(text: str, piece
     assert turn[0].tolist() == expected_turn(builder.tokenizer, piece)
     prompt = torch.cat([builder.prefix(), turn], dim=1)
     assert torch.equal(ran[:, : prompt.shape[1]], prompt)
+
+
+async def test_a_first_segment_prefills_from_its_text(
+    engine: FishEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The voice keeps its prefix's keys/values and those of the opening every turn begins
+    with (streamtts.fish.prefixes): a stream's first segment prefills from its text on; a
+    later one from what the slot does not hold yet."""
+    planned: list[tuple[int, torch.Tensor]] = []  # where each prefill starts, in which prompt
+    plan = GeneratorWorker._plan
+
+    def recorded(self: GeneratorWorker, job: SegmentJob) -> None:
+        plan(self, job)
+        assert job.prompt is not None
+        planned.append((job.prefill_pos, job.prompt))
+
+    monkeypatch.setattr(GeneratorWorker, "_plan", recorded)
+    stream = fish_stream(engine)
+    await speak(stream, ["two words"])
+    await speak(stream, ["three more words"])
+    stream.close()
+    builder = engine._ready().generator._prompts
+    kept = torch.cat([builder.prefix(), builder.turn_opening()], dim=1)
+    (first_from, first), (second_from, _) = planned
+    assert torch.equal(first[:, : kept.shape[1]], kept) and first_from == kept.shape[1]
+    assert second_from > first.shape[1]
 
 
 async def test_a_segment_with_nothing_to_say_is_silent_not_an_error(engine: FishEngine) -> None:

@@ -60,11 +60,15 @@ class PromptBuilder:
         row0 = frames[0:1] + self.tokenizer.semantic_begin_id  # [1, T]
         return torch.cat([row0, frames], dim=0)
 
+    def header(self, role: str) -> torch.Tensor:
+        """A message's first part, ``<|im_start|>{role}\n``: ``[C+1, h]``."""
+        return self.text_part(f"{IM_START}{role}\n")
+
     def message(
         self, role: str, parts: Sequence[str | torch.Tensor], *, end: bool = True
     ) -> torch.Tensor:
         """One chat message: header, parts (text or codes), ``<|im_end|>`` if ``end``."""
-        encoded = [self.text_part(f"{IM_START}{role}\n")]
+        encoded = [self.header(role)]
         for part in parts:
             encoded.append(self.text_part(part) if isinstance(part, str) else self.codes_part(part))
         if end:
@@ -82,6 +86,12 @@ class PromptBuilder:
     def prefix(self, references: Sequence[Reference] = ()) -> torch.Tensor:
         """System message plus every reference pair: the part shared by all segments of a voice."""
         return torch.cat([self.system()] + [self.reference(r) for r in references], dim=1)
+
+    def turn_opening(self) -> torch.Tensor:
+        """The columns every :meth:`turn` begins with (the user message's header), whatever its
+        text: after a voice's prefix they are the same for every first segment of that voice,
+        so their keys/values can be kept with the prefix's (:mod:`streamtts.fish.prefixes`)."""
+        return self.header("user")
 
     def turn(self, text: str) -> torch.Tensor:
         """User message with the segment text, then the assistant generation prefix.

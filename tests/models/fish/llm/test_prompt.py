@@ -133,3 +133,13 @@ def test_history_budget_and_segment_prompt(builder: PromptBuilder) -> None:
         prompt.numpy(), torch.cat([prefix, turn0, frames0, turn1], 1).numpy()
     )
     assert torch.equal(builder.build("First part."), torch.cat([prefix, turn0], 1))
+
+
+def test_every_turn_begins_with_its_opening(builder: PromptBuilder) -> None:
+    """What a voice keeps with its prefix (streamtts.fish.prefixes) is what every turn begins
+    with, whatever its text."""
+    opening = builder.turn_opening()
+    assert opening[0].tolist() == builder.tokenizer.encode("<|im_start|>user\n")
+    for text in ("Hi.", "A longer sentence, with a comma, and more words."):
+        turn = builder.turn(text)
+        assert torch.equal(turn[:, : opening.shape[1]], opening)
