@@ -16,6 +16,7 @@ for other first chunks in the same run; ``--profile`` adds the codebook pass op 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import resource
 import statistics
 import sys
@@ -295,6 +296,28 @@ async def first_audio_ms(engine: FishEngine, options: SynthesisOptions, repeats:
     return statistics.median(ttfa)
 
 
+async def paired_first_audio_steps(
+    engine: FishEngine, options: BenchOptions, repeats: int
+) -> list[float]:
+    """First audio of the 60-character sentence over a batch-1 decode step timed right after
+    it, once per repeat. ``ttfa_steps`` divides figures taken a minute apart, and this host's
+    speed changes within minutes — its cores and its memory apart, while first audio waits on
+    the first (the prefill) and a step on the second — so each ratio here pairs the two."""
+    stages: list[StageBench] = []  # made once, on the model's thread
+
+    def step_ms(passes: ModelPasses) -> float:
+        with torch.inference_mode():
+            if not stages:
+                stages.append(StageBench(passes, dataclasses.replace(options, batches=(1,))))
+            return stages[0].step_ms(1)
+
+    ratios = []
+    for _ in range(repeats):
+        ttfa_ms = await first_audio_ms(engine, SynthesisOptions(), 1)
+        ratios.append(ttfa_ms / await engine.profile(step_ms))
+    return ratios
+
+
 async def end_to_end(engine: FishEngine, repeats: int) -> dict[str, float]:
     """Frames/s for one stream speaking a paragraph, and TTFA of a 60-character sentence."""
     stream = engine.open_stream("default", SynthesisOptions())
@@ -399,6 +422,8 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
     result.update(await engine.profile(lambda passes: measure_stages(passes, options)))
     progress("  end to end ...")
     e2e = await end_to_end(engine, options.repeats)
+    progress("  first audio, each against a decode step timed after it ...")
+    paired = await paired_first_audio_steps(engine, options, options.repeats)
     for frames in options.first_chunk_frames:
         progress(f"  first audio with a first chunk of {frames} frames ...")
         ttfa_ms = await first_audio_ms(
@@ -428,6 +453,10 @@ async def run_bench(options: BenchOptions) -> dict[str, Any]:
             "ttfa_ms_p50": ttfa_ms_p50,
             # First audio in decode steps of one stream: prefill, first chunk, its vocoding.
             "ttfa_steps": round(ttfa_ms_p50 / result["step_ms_b1"], 2),
+            # The same, each first audio against a step timed right after it: the median, and
+            # the range over the repeats (paired_first_audio_steps).
+            "ttfa_steps_paired": round(statistics.median(paired), 2),
+            "ttfa_steps_paired_range": [round(min(paired), 2), round(max(paired), 2)],
             "roofline_step_ms": roofline(result["weight_bytes_per_step"]),
             "roofline_codebook_pass_ms": roofline(result["codebook_pass_weight_bytes"]),
             "peak_rss_mb": round(peak_rss_mb(), 1),

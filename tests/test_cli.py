@@ -117,6 +117,8 @@ def test_bench_reports_every_stage_as_json() -> None:
         assert 0 < low <= figures[key] <= high
     assert profile_bandwidth_is_its_own(figures["codebook_pass_profile"])
     assert figures["ttfa_steps"] == round(figures["ttfa_ms_p50"] / figures["step_ms_b1"], 2)
+    low, high = figures["ttfa_steps_paired_range"]  # each first audio over a step after it
+    assert 0 < low <= figures["ttfa_steps_paired"] <= high
     assert figures["overlap"] > 0
     huge_pages_mb = figures["huge_pages_mb"]  # none of the tiny model's tensors reach 2 MiB
     assert huge_pages_mb is None or huge_pages_mb >= 0
