@@ -303,13 +303,12 @@ async def paired_first_audio_steps(
     it, once per repeat. ``ttfa_steps`` divides figures taken a minute apart, and this host's
     speed changes within minutes — its cores and its memory apart, while first audio waits on
     the first (the prefill) and a step on the second — so each ratio here pairs the two."""
-    stages: list[StageBench] = []  # made once, on the model's thread
+    one_slot = dataclasses.replace(options, batches=(1,))
+    stages = await engine.profile(lambda passes: StageBench(passes, one_slot))
 
-    def step_ms(passes: ModelPasses) -> float:
+    def step_ms(_passes: ModelPasses) -> float:
         with torch.inference_mode():
-            if not stages:
-                stages.append(StageBench(passes, dataclasses.replace(options, batches=(1,))))
-            return stages[0].step_ms(1)
+            return stages.step_ms(1)
 
     ratios = []
     for _ in range(repeats):
