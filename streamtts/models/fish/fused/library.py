@@ -44,7 +44,14 @@ SOURCES = (
     CSRC / "row_ops.cpp",
     CSRC / "row_conv.cpp",
 )
-HEADERS = (CSRC / "packed_ops.h", CSRC / "bf16x16.h", CSRC / "ranks.h", CSRC / "nucleus.h")
+HEADERS = (
+    CSRC / "packed_ops.h",
+    CSRC / "bf16x16.h",
+    CSRC / "ranks.h",
+    CSRC / "nucleus.h",
+    CSRC / "row_tiles.h",
+    CSRC / "product_team.h",
+)
 LIBRARY_NAME = "streamtts_fused"
 # No -march=native: a library built once may be loaded on another x86-64 host (a shared cache
 # volume); row_linear's AVX512-BF16 code is compiled for that target alone and runs only where

@@ -7,6 +7,9 @@
 // residual sums, made in row_linear's epilogue with add's rounding where the weights are paired
 // (packed_linear_add), and a 16-bit codebook's draw, which both passes make with sample_tokens
 // (sample.cpp). What it removes is the interpreter between ~900 small kernels a frame.
+// Where the weights are paired and the rows a decode step's few, a product team makes the
+// products (product_team.h): the other threads read the next weight ahead while this one runs
+// the small ops between products, with the same bits.
 // Built at first use by streamtts/models/fish/fused/library.py. Shapes: B batch, D model dim,
 // H query heads, G KV heads, Dh head dim, C codebooks, K codebook size, W repetition window,
 // L layers.
@@ -18,17 +21,17 @@
 #include <vector>
 
 #include "packed_ops.h"
+#include "product_team.h"
 
 namespace {
 
 using at::Tensor;
 using streamtts_fused::check_layers;
+using streamtts_fused::EachProduct;
 using streamtts_fused::feed_forward_add;
 using streamtts_fused::head_outputs;
 using streamtts_fused::kNormsPerLayer;
 using streamtts_fused::kTensorsPerLayer;
-using streamtts_fused::packed_linear;
-using streamtts_fused::packed_linear_add;
 using streamtts_fused::position_attention;
 using streamtts_fused::rms_norm;
 using streamtts_fused::rotate_pairs_rounded;
@@ -47,7 +50,8 @@ struct Layers {
 };
 
 // Every layer at fast position `pos`: x [B, D] -> [B, D] (TransformerBlock.decode_position).
-Tensor decode_position(Tensor x, int64_t pos, const Layers& layers) {
+template <class Products>
+Tensor decode_position(Tensor x, int64_t pos, const Layers& layers, const Products& products) {
   const int64_t b = x.size(0);
   const int64_t n_q = layers.n_q, n_kv = layers.n_kv, dh = layers.dh;
   const auto dtype = x.scalar_type();
@@ -61,7 +65,8 @@ Tensor decode_position(Tensor x, int64_t pos, const Layers& layers) {
     const Tensor* norm = &layers.norms[kNormsPerLayer * l];
     const Tensor* packed = &layers.packed[kTensorsPerLayer * l];
     // Attention.decode_position
-    Tensor qkv = packed_linear(rms_norm(x, norm[0], layers.eps), packed[0], layers.qkv_bias.get(l));
+    Tensor normed = rms_norm(x, norm[0], layers.eps);
+    Tensor qkv = products.linear(normed, packed[0], layers.qkv_bias.get(l));
     Tensor v = qkv.narrow(-1, (n_q + n_kv) * dh, n_kv * dh);  // [B, G·Dh]
     Tensor qk = rotate_pairs_rounded(qkv, n_q + n_kv, dh, cos, sin);  // [B,H+G,Dh]
     keys.select(2, pos).copy_(qk.narrow(1, n_q, n_kv));  // [B,G,Dh]
@@ -79,8 +84,8 @@ Tensor decode_position(Tensor x, int64_t pos, const Layers& layers) {
       Tensor probs = at::softmax(scores.mul_(scale), -1).to(wide);
       y = at::bmm(probs, seen_v).to(dtype).view({b, n_q * dh});  // [B·G,H/G,Dh] as [B, H·Dh]
     }
-    Tensor h = packed_linear_add(y, packed[1], std::nullopt, x);
-    x = feed_forward_add(rms_norm(h, norm[1], layers.eps), packed[2], packed[3], h);
+    Tensor h = products.linear_add(y, packed[1], std::nullopt, x);
+    x = feed_forward_add(rms_norm(h, norm[1], layers.eps), packed[2], packed[3], h, products);
   }
   return x;
 }
@@ -114,8 +119,42 @@ Tensor sample(Tensor logits, const Tensor& temperature, const Tensor& top_p,
   return at::argmax(race, -1);
 }
 
+// What one pass reads besides its layers (codebook_pass's arguments).
+struct Pass {
+  const Layers& layers;
+  const Tensor &hidden, &code0, &final_norm, &output, &embeddings;
+  const Tensor &temperature, &top_p, &penalty;
+  const std::optional<Tensor>& windows;
+  const Tensor& noise;
+};
+
 // generate.fast_codes: hidden [B, D], code0 [B] int64 -> codebooks 1..C-1 [B, C-1] int64.
-// windows [B, C+1, W] int64 or None; noise [B, C-1, K] in the model dtype.
+template <class Products>
+Tensor make_codes(const Pass& pass, const Products& products) {
+  const Layers& layers = pass.layers;
+  const int64_t codebooks = layers.fast_k.size(3);
+  decode_position(pass.hidden, 0, layers, products);  // position 0: logits unused upstream
+  Tensor code = pass.code0;
+  std::vector<Tensor> codes;
+  codes.reserve(codebooks - 1);
+  for (int64_t k = 1; k < codebooks; ++k) {
+    // [B, D]
+    Tensor x = decode_position(at::embedding(pass.embeddings, code), k, layers, products);
+    Tensor normed = rms_norm(x, pass.final_norm, layers.eps);
+    Tensor logits = head_outputs(products.linear(normed, pass.output, std::nullopt),
+                                 pass.embeddings.size(0));  // [B, K]
+    std::optional<Tensor> window;
+    if (pass.windows.has_value()) window = pass.windows->select(1, k + 1);  // row k+1: codebook k
+    code = sample(logits, pass.temperature, pass.top_p, pass.penalty, window,
+                  pass.noise.select(1, k - 1));
+    codes.push_back(code);
+  }
+  return at::stack(codes, 1);
+}
+
+// generate.fast_codes: hidden [B, D], code0 [B] int64 -> codebooks 1..C-1 [B, C-1] int64.
+// windows [B, C+1, W] int64 or None; noise [B, C-1, K] in the model dtype. Where the layers and
+// the head are paired and the rows few, a product team makes the products (product_team.h).
 Tensor codebook_pass(const Tensor& hidden, const Tensor& code0, at::TensorList norms,
                      at::TensorList packed, const c10::List<std::optional<Tensor>>& qkv_bias,
                      const Tensor& final_norm, const Tensor& output, const Tensor& embeddings,
@@ -137,21 +176,24 @@ Tensor codebook_pass(const Tensor& hidden, const Tensor& code0, at::TensorList n
                       n_kv,
                       dh,
                       eps};
-  const int64_t codebooks = fast_k.size(3);
-  decode_position(hidden, 0, layers);  // position 0: its logits are unused upstream
-  Tensor code = code0;
-  std::vector<Tensor> codes;
-  codes.reserve(codebooks - 1);
-  for (int64_t k = 1; k < codebooks; ++k) {
-    Tensor x = decode_position(at::embedding(embeddings, code), k, layers);  // [B, D]
-    Tensor logits = head_outputs(packed_linear(rms_norm(x, final_norm, eps), output, std::nullopt),
-                                 embeddings.size(0));  // [B, K]
-    std::optional<Tensor> window;
-    if (windows.has_value()) window = windows->select(1, k + 1);  // row k+1: codebook k
-    code = sample(logits, temperature, top_p, penalty, window, noise.select(1, k - 1));
-    codes.push_back(code);
+  const Pass pass{layers, hidden, code0, final_norm, output, embeddings, temperature,
+                  top_p, penalty, windows, noise};
+#if defined(__x86_64__) && defined(_OPENMP)
+  // The products in the pass's order: every layer at position 0, then at each later position
+  // every layer and the head.
+  std::vector<Tensor> order;
+  for (int64_t pos = 0; pos < fast_k.size(3); ++pos) {
+    order.insert(order.end(), layers.packed.begin(), layers.packed.end());
+    if (pos > 0) order.push_back(output);
   }
-  return at::stack(codes, 1);
+  if (streamtts_fused::ProductTeam::applies(order, hidden.size(0))) {
+    streamtts_fused::ProductTeam team(std::move(order));
+    Tensor codes;
+    team.run([&] { codes = make_codes(pass, streamtts_fused::TeamProducts{team}); });
+    return codes;
+  }
+#endif
+  return make_codes(pass, EachProduct{});
 }
 
 }  // namespace

@@ -256,13 +256,26 @@ inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return out.view(x.sizes());
 }
 
+// A pass's products made one at a time (packed_linear, packed_linear_add); the codebook pass
+// may make them through a team instead (product_team.h), with the same bits.
+struct EachProduct {
+  Tensor linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias) const {
+    return packed_linear(x, packed, bias);
+  }
+  Tensor linear_add(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias,
+                    const Tensor& residual) const {
+    return packed_linear_add(x, packed, bias, residual);
+  }
+};
+
 // residual + FeedForward (the gate and up projections fused) of its normed input:
 // [..., D] -> [..., D].
-inline Tensor feed_forward_add(const Tensor& normed, const Tensor& w13, const Tensor& w2,
-                               const Tensor& residual) {
-  Tensor gate_up = packed_linear(normed, w13, std::nullopt);
+template <class Products = EachProduct>
+Tensor feed_forward_add(const Tensor& normed, const Tensor& w13, const Tensor& w2,
+                        const Tensor& residual, const Products& products = {}) {
+  Tensor gate_up = products.linear(normed, w13, std::nullopt);
   std::vector<Tensor> halves = gate_up.chunk(2, -1);
-  return packed_linear_add(at::silu(halves[0]).mul(halves[1]), w2, std::nullopt, residual);
+  return products.linear_add(at::silu(halves[0]).mul(halves[1]), w2, std::nullopt, residual);
 }
 
 // The weight lists of `n_layers` blocks, as the Python side passes them (fused/layers.py).

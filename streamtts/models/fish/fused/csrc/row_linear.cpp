@@ -20,91 +20,19 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "bf16x16.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "row_tiles.h"
 
 namespace {
 
 using at::Tensor;
 
 #if defined(__x86_64__)
-
-constexpr int64_t kLanes = 16;                      // fp32 sums in one 512-bit register
-constexpr int64_t kBlocks = 4;                      // registers of outputs per task
-constexpr int64_t kOutputsPerTask = kLanes * kBlocks;  // 64
-constexpr int kMaxRowsPerTile = 4;                  // 4 rows x 4 blocks = 16 accumulators
-// A product of at most kMaxRowsPerTile rows (a decode step) reads each weight once, straight from
-// memory: its tiles ask for the weights this many input pairs ahead (32 x 256 B = 8 KB), with the
-// non-temporal hint, past where the hardware prefetchers stop (each 4 KiB page's end). On the
-// Zen 4 (2026-12-07, the fast layers' 120 MB in turn, batch 1, end to end as arena.py lays them,
-// medians of 30 rounds) it read them at 58.4 GB/s against 55.8 without on huge pages (the
-// memory summed at 63.8), and at 35.7 against 31.1 on 4 KiB pages (34.6). (Prefetching into
-// L1 without the hint measured 0.5-0.8x on 2026-12-06.)
-// A prompt's rows reuse each task's weights from L2 for every tile, and take no hint.
-constexpr int64_t kPrefetchPairs = 32;
-
-// R rows of x (as int32 bf16 pairs) times one task's weights: y rows [R, 64 of N]; with
-// `kStreamed`, the weights are prefetched kPrefetchPairs ahead (a prefetch never faults, so
-// reading ahead past the weight's end is harmless). With a `residual` (rows [R, 64 of N], bf16),
-// each output is then added to it as ATen adds two bf16 tensors: both widened, summed in fp32,
-// rounded to nearest even.
-template <int R, bool kStreamed>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void tile(
-    const int32_t* x, int64_t x_stride_pairs, const __m512i* w, int64_t pairs,
-    const float* bias, const uint16_t* residual, uint16_t* y, int64_t y_stride) {
-  // Every loop over rows and blocks is unrolled (-O2 would not), so the R x 4 sums stay in
-  // registers: kept on the stack they made each product wait on a store (2x slower at 4 rows).
-  __m512 acc[R][kBlocks];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int b = 0; b < kBlocks; ++b) acc[r][b] = _mm512_setzero_ps();
-  }
-  for (int64_t j = 0; j < pairs; ++j) {
-    const __m512i* wj = w + j * kBlocks;
-    if constexpr (kStreamed) {
-#pragma GCC unroll 4
-      for (int b = 0; b < kBlocks; ++b) {
-        _mm_prefetch(reinterpret_cast<const char*>(wj + kPrefetchPairs * kBlocks + b),
-                     _MM_HINT_NTA);
-      }
-    }
-    __m512bh wb[kBlocks];
-#pragma GCC unroll 4
-    for (int b = 0; b < kBlocks; ++b) wb[b] = (__m512bh)_mm512_load_si512(wj + b);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      __m512bh xr = (__m512bh)_mm512_set1_epi32(x[r * x_stride_pairs + j]);
-#pragma GCC unroll 4
-      for (int b = 0; b < kBlocks; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], wb[b], xr);
-    }
-  }
-#pragma GCC unroll 4
-  for (int b = 0; b < kBlocks; ++b) {
-    const __m512 bias_b =
-        bias != nullptr ? _mm512_loadu_ps(bias + b * kLanes) : _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      // Rounded as c10 rounds (bf16x16.h), denormals kept: VCVTNEPS2BF16 would flush them.
-      const __m512 out = streamtts_fused::round_bf16x16(_mm512_add_ps(acc[r][b], bias_b));
-      const int64_t at = r * y_stride + b * kLanes;
-      const uint16_t* rest = residual != nullptr ? residual + at : nullptr;
-      streamtts_fused::store_plus_residual(y + at, out, rest);
-    }
-  }
-}
-
-using TileFn = void (*)(const int32_t*, int64_t, const __m512i*, int64_t, const float*,
-                        const uint16_t*, uint16_t*, int64_t);
-constexpr TileFn kTiles[kMaxRowsPerTile + 1] = {nullptr, tile<1, false>, tile<2, false>,
-                                                tile<3, false>, tile<4, false>};
-constexpr TileFn kStreamedTiles[kMaxRowsPerTile + 1] = {nullptr, tile<1, true>, tile<2, true>,
-                                                        tile<3, true>, tile<4, true>};
-
-#endif  // elsewhere no kernel: supported() is false, and PairedLinear is never made
+using streamtts_fused::kMaxRowsPerTile;
+using streamtts_fused::kOutputsPerTask;
+using streamtts_fused::kStreamedTiles;
+using streamtts_fused::kTiles;
+using streamtts_fused::TileFn;
+#endif
 
 bool supported() { return streamtts_fused::avx512_bf16(); }
 
@@ -155,15 +83,7 @@ Tensor product(const Tensor& x, const Tensor& packed, const std::optional<Tensor
   // core's L2 while it takes every tile of rows, so memory reads each weight once.
   at::parallel_for(0, tasks, 1, [&](int64_t first_task, int64_t end_task) {
     for (int64_t t = first_task; t < end_task; ++t) {
-      const __m512i* wt = ws + t * pairs * kBlocks;
-      const int64_t first_output = t * kOutputsPerTask;
-      for (int64_t r = 0; r < m; r += kMaxRowsPerTile) {
-        const int rows_here = static_cast<int>(std::min<int64_t>(kMaxRowsPerTile, m - r));
-        tiles[rows_here](xs + r * pairs, pairs, wt, pairs,
-                         bs != nullptr ? bs + first_output : nullptr,
-                         rs != nullptr ? rs + r * out_features + first_output : nullptr,
-                         ys + r * out_features + first_output, out_features);
-      }
+      streamtts_fused::run_task(tiles, xs, pairs, ws, t, m, out_features, bs, rs, ys);
     }
   });
   return y.view(out_shape);

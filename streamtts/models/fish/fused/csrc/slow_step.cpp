@@ -7,7 +7,8 @@
 // but the rotation of q and k, one loop with the same roundings (packed_ops.h:
 // rotate_pairs_rounded), and the residual sums, made in row_linear's epilogue with add's
 // rounding where the weights are paired (packed_linear_add). It removes the interpreter between
-// the ~30 kernels of each of the 24 layers. Built at first use by
+// the ~30 kernels of each of the 24 layers; a decode step's products are made by a product team
+// where the weights are paired (product_team.h; the same bits). Built at first use by
 // streamtts/models/fish/fused/library.py. Shapes: B batch, D model dim, V vocabulary, H query
 // heads, G KV heads, Dh head dim, C codebooks, L keys read (padded kv_len).
 
@@ -20,18 +21,18 @@
 #include <ATen/TensorIndexing.h>
 
 #include "packed_ops.h"
+#include "product_team.h"
 
 namespace {
 
 using at::Tensor;
 using at::indexing::Slice;
 using streamtts_fused::check_layers;
+using streamtts_fused::EachProduct;
 using streamtts_fused::feed_forward_add;
 using streamtts_fused::head_outputs;
 using streamtts_fused::kNormsPerLayer;
 using streamtts_fused::kTensorsPerLayer;
-using streamtts_fused::packed_linear;
-using streamtts_fused::packed_linear_add;
 using streamtts_fused::rms_norm;
 using streamtts_fused::rotate_pairs_rounded;
 
@@ -53,13 +54,14 @@ Tensor embed(const Tensor& tokens_in, const Tensor& embeddings, const Tensor& co
 // TransformerBlock.forward over rows x [B, S, D] with the RoPE rows cos, sin [B·S, Dh]:
 // `attend(q [B,H,S,Dh], k [B,G,S,Dh], v [B,G,S,Dh]) -> [B,H,S,Dh]` writes the layer's keys and
 // values and attends (Attention.forward's `attend`). -> [B, S, D].
-template <typename Attend>
+template <typename Attend, typename Products = EachProduct>
 Tensor slow_block(const Tensor& x, const Tensor* norm, const Tensor* w,
                   const std::optional<Tensor>& qkv_bias, const Tensor& cos, const Tensor& sin,
-                  int64_t n_q, int64_t n_kv, int64_t dh, double eps, const Attend& attend) {
+                  int64_t n_q, int64_t n_kv, int64_t dh, double eps, const Attend& attend,
+                  const Products& products = {}) {
   const int64_t b = x.size(0), s = x.size(1);
   const int64_t q_dim = n_q * dh, kv_dim = n_kv * dh, heads = n_q + n_kv;
-  Tensor qkv = packed_linear(rms_norm(x, norm[0], eps), w[0], qkv_bias);  // [B,S,(H+2G)Dh]
+  Tensor qkv = products.linear(rms_norm(x, norm[0], eps), w[0], qkv_bias);  // [B,S,(H+2G)Dh]
   Tensor qk = rotate_pairs_rounded(qkv.view({b * s, -1}), heads, dh, cos, sin)
                   .view({b, s, heads, dh});  // [B,S,H+G,Dh]
   std::vector<Tensor> qk_parts = qk.split_with_sizes({n_q, n_kv}, 2);
@@ -67,16 +69,17 @@ Tensor slow_block(const Tensor& x, const Tensor* norm, const Tensor* w,
   Tensor k = qk_parts[1].transpose(1, 2);  // [B,G,S,Dh]
   Tensor v = qkv.narrow(-1, q_dim + kv_dim, kv_dim).view({b, s, n_kv, dh}).transpose(1, 2);
   Tensor y = attend(q, k, v);  // [B,H,S,Dh]
-  Tensor h = packed_linear_add(y.transpose(1, 2).reshape({b, s, q_dim}), w[1], std::nullopt, x);
-  return feed_forward_add(rms_norm(h, norm[1], eps), w[2], w[3], h);
+  Tensor h = products.linear_add(y.transpose(1, 2).reshape({b, s, q_dim}), w[1], std::nullopt, x);
+  return feed_forward_add(rms_norm(h, norm[1], eps), w[2], w[3], h, products);
 }
 
 // DualARTransformer._head: the final norm, then the packed head (or the tied embeddings).
+template <typename Products = EachProduct>
 Tensor head(const Tensor& hidden, const Tensor& final_norm, const std::optional<Tensor>& output,
-            const Tensor& embeddings, double eps) {
+            const Tensor& embeddings, double eps, const Products& products = {}) {
   Tensor normed = rms_norm(hidden, final_norm, eps);
   const int64_t vocab = embeddings.size(0);
-  return output.has_value() ? head_outputs(packed_linear(normed, *output, std::nullopt), vocab)
+  return output.has_value() ? head_outputs(products.linear(normed, *output, std::nullopt), vocab)
                             : at::linear(normed, embeddings);
 }
 
@@ -106,37 +109,54 @@ std::tuple<Tensor, Tensor> slow_step(
     bias = at::zeros(mask.sizes(), at::TensorOptions().device(device).dtype(at::kFloat))
                .masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
   }
-  Tensor x = embed(tokens, embeddings, codebook_embeddings, codebook_size, semantic_begin,
-                   semantic_end);  // [B,1,D]
-  const Tensor table = rope.index({positions});  // [B,2,Dh]
-  const Tensor cos = table.select(1, 0);         // [B,Dh] (apply_rope)
-  const Tensor sin = table.select(1, 1);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  for (int64_t l = 0; l < n_layers; ++l) {
-    x = slow_block(x, &norms[kNormsPerLayer * l], &packed[kTensorsPerLayer * l], qkv_bias.get(l),
-                   cos, sin, n_q, n_kv, dh, eps, [&](const Tensor& q, const Tensor& k,
-                                                      const Tensor& v) {
-      // Written through the whole cache, as decode_slow writes it.
-      Tensor layer_index = at::full_like(slots, l);
-      Tensor(cache_k).index_put_({layer_index, slots, Slice(), positions}, k.select(2, 0));
-      Tensor(cache_v).index_put_({layer_index, slots, Slice(), positions}, v.select(2, 0));
-      Tensor keys = cache_k.select(0, l).narrow(2, 0, kv_len).index_select(0, slots);  // [B,G,L,Dh]
-      Tensor values = cache_v.select(0, l).narrow(2, 0, kv_len).index_select(0, slots);
-      if (!fp32_attention) {
-        return at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, std::nullopt,
-                                                n_q != keys.size(1));
-      }
-      // decode_attention
-      Tensor grouped = q.to(at::kFloat).view({b, n_kv, n_q / n_kv, dh});  // [B,G,H/G,Dh]
-      Tensor scores =
-          at::matmul(grouped, keys.to(at::kFloat).transpose(-1, -2)).mul(scale).add(bias);
-      return at::matmul(at::softmax(scores, -1), values.to(at::kFloat))
-          .view({b, n_q, 1, dh})
-          .to(q.scalar_type());
-    });
+  // The step, its products made by `products` (EachProduct, or a team's).
+  auto step = [&](const auto& products) -> std::tuple<Tensor, Tensor> {
+    Tensor x = embed(tokens, embeddings, codebook_embeddings, codebook_size, semantic_begin,
+                     semantic_end);  // [B,1,D]
+    const Tensor table = rope.index({positions});  // [B,2,Dh]
+    const Tensor cos = table.select(1, 0);         // [B,Dh] (apply_rope)
+    const Tensor sin = table.select(1, 1);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const Tensor* layer_norms = &norms[kNormsPerLayer * l];
+      const Tensor* layer_weights = &packed[kTensorsPerLayer * l];
+      x = slow_block(x, layer_norms, layer_weights, qkv_bias.get(l), cos, sin, n_q, n_kv, dh, eps,
+                     [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+        // Written through the whole cache, as decode_slow writes it.
+        Tensor layer_index = at::full_like(slots, l);
+        Tensor(cache_k).index_put_({layer_index, slots, Slice(), positions}, k.select(2, 0));
+        Tensor(cache_v).index_put_({layer_index, slots, Slice(), positions}, v.select(2, 0));
+        // [B,G,L,Dh]
+        Tensor keys = cache_k.select(0, l).narrow(2, 0, kv_len).index_select(0, slots);
+        Tensor values = cache_v.select(0, l).narrow(2, 0, kv_len).index_select(0, slots);
+        if (!fp32_attention) {
+          return at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, std::nullopt,
+                                                  n_q != keys.size(1));
+        }
+        // decode_attention
+        Tensor grouped = q.to(at::kFloat).view({b, n_kv, n_q / n_kv, dh});  // [B,G,H/G,Dh]
+        Tensor scores =
+            at::matmul(grouped, keys.to(at::kFloat).transpose(-1, -2)).mul(scale).add(bias);
+        return at::matmul(at::softmax(scores, -1), values.to(at::kFloat))
+            .view({b, n_q, 1, dh})
+            .to(q.scalar_type());
+      }, products);
+    }
+    Tensor hidden = x.select(1, 0);  // [B,D]
+    // [B,V], [B,D]
+    return {head(hidden, final_norm, output, embeddings, eps, products), hidden};
+  };
+#if defined(__x86_64__) && defined(_OPENMP)
+  std::vector<Tensor> order(packed.begin(), packed.end());  // the products in the step's order
+  if (output.has_value()) order.push_back(*output);
+  if (streamtts_fused::ProductTeam::applies(order, b)) {
+    streamtts_fused::ProductTeam team(std::move(order));
+    std::tuple<Tensor, Tensor> result;
+    team.run([&] { result = step(streamtts_fused::TeamProducts{team}); });
+    return result;
   }
-  Tensor hidden = x.select(1, 0);  // [B,D]
-  return {head(hidden, final_norm, output, embeddings, eps), hidden};  // [B,V], [B,D]
+#endif
+  return step(EachProduct{});
 }
 
 // DualARTransformer.prefill: the prompt's tokens [C+1, S] at positions start_pos .. +S-1 of
