@@ -17,7 +17,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
+
+#include "bf16x16.h"
 
 namespace {
 
@@ -26,11 +29,60 @@ using at::Tensor;
 constexpr int64_t kHeadsPerThread = 32;  // parallel_for's grain: a batch of one stays serial
 constexpr int64_t kLanes = 16;           // partial sums of a dot product
 
-// The dot product of two fp32 rows of `n`: kLanes partial sums (lane l takes elements l,
-// l + kLanes, ...), then added pairwise; a fixed order that compilers can vectorise.
-inline float dot_product(const float* a, const float* b, int64_t n) {
-  float lanes[kLanes] = {};
+#if defined(__x86_64__)
+// dot_product's products summed into its lanes, 16 at a time in one register: lane l takes
+// elements l, l + kLanes, ... as in the scalar loop (each product rounded, then the sum).
+// Returns where it stopped.
+STREAMTTS_AVX512 int64_t dot_lanes_avx512(const float* a, const float* b, int64_t n,
+                                          float* lanes) {
+  __m512 sums = _mm512_loadu_ps(lanes);
   int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    sums = _mm512_add_ps(sums, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+  }
+  _mm512_storeu_ps(lanes, sums);
+  return i;
+}
+
+// sums[d] += p · v[d] for d < n in steps of 16 (the product rounded, then the sum); returns
+// where it stopped.
+STREAMTTS_AVX512 int64_t add_scaled_avx512(float* sums, float p, const float* v, int64_t n) {
+  const __m512 scale = _mm512_set1_ps(p);
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) {
+    const __m512 product = _mm512_mul_ps(scale, _mm512_loadu_ps(v + d));
+    _mm512_storeu_ps(sums + d, _mm512_add_ps(_mm512_loadu_ps(sums + d), product));
+  }
+  return d;
+}
+
+// y[d] = bf16(sums[d]) for d < n in steps of 16, rounded as c10 rounds; returns where it stopped.
+STREAMTTS_AVX512 int64_t round_bf16_avx512(const float* sums, at::BFloat16* y, int64_t n) {
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) {
+    streamtts_fused::store_bf16x16(reinterpret_cast<uint16_t*>(y + d), _mm512_loadu_ps(sums + d));
+  }
+  return d;
+}
+#else
+int64_t dot_lanes_avx512(const float*, const float*, int64_t, float*) { return 0; }
+int64_t add_scaled_avx512(float*, float, const float*, int64_t) { return 0; }
+int64_t round_bf16_avx512(const float*, at::BFloat16*, int64_t) { return 0; }
+#endif
+
+// round_bf16_avx512 for bf16; fp16 rounds every value in the scalar loop.
+template <typename T>
+int64_t round_vec(const float* sums, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, at::BFloat16>) return round_bf16_avx512(sums, y, n);
+  return 0;
+}
+
+// The dot product of two fp32 rows of `n`: kLanes partial sums (lane l takes elements l,
+// l + kLanes, ...), then added pairwise; a fixed order, in vectors where `vectors` or scalar
+// code, with the same bits.
+inline float dot_product(const float* a, const float* b, int64_t n, bool vectors) {
+  float lanes[kLanes] = {};
+  int64_t i = vectors ? dot_lanes_avx512(a, b, n, lanes) : 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int64_t l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * b[i + l];
   }
@@ -63,6 +115,7 @@ Tensor position_attention(const Tensor& q, const Tensor& keys, const Tensor& val
   const int64_t seen = pos + 1, per_group = h / g;
   const float scale32 = static_cast<float>(scale);
   const int64_t step = keys.stride(2);
+  const bool vectors = streamtts_fused::avx512_bw();
   AT_DISPATCH_REDUCED_FLOATING_TYPES(q.scalar_type(), "position_attention", [&] {
     const scalar_t* qs = rows.const_data_ptr<scalar_t>();
     scalar_t* ys = out.mutable_data_ptr<scalar_t>();
@@ -81,7 +134,7 @@ Tensor position_attention(const Tensor& q, const Tensor& keys, const Tensor& val
         for (int64_t d = 0; d < dh; ++d) query[d] = static_cast<float>(qh[d]);
         float largest = -INFINITY;
         for (int64_t j = 0; j < seen; ++j) {
-          const float dot = dot_product(query.data(), k + j * step, dh);
+          const float dot = dot_product(query.data(), k + j * step, dh, vectors);
           // .type_as(x), then .mul_(scale) in the dtype: each rounded.
           const auto score = static_cast<scalar_t>(
               static_cast<float>(static_cast<scalar_t>(dot)) * scale32);
@@ -100,10 +153,14 @@ Tensor position_attention(const Tensor& q, const Tensor& keys, const Tensor& val
         for (int64_t j = 0; j < seen; ++j) {
           const float p = probs[j];
           const float* vj = v + j * step;
-          for (int64_t d = 0; d < dh; ++d) sums[d] += p * vj[d];
+          for (int64_t d = vectors ? add_scaled_avx512(sums.data(), p, vj, dh) : 0; d < dh; ++d) {
+            sums[d] += p * vj[d];
+          }
         }
         scalar_t* y = ys + task * dh;
-        for (int64_t d = 0; d < dh; ++d) y[d] = static_cast<scalar_t>(sums[d]);
+        for (int64_t d = vectors ? round_vec(sums.data(), y, dh) : 0; d < dh; ++d) {
+          y[d] = static_cast<scalar_t>(sums[d]);
+        }
       }
     });
   });

@@ -49,6 +49,37 @@ struct Layers {
   double eps;
 };
 
+// keys[:, :, pos] = qk[:, n_q:] and values[:, :, pos] = v: keys, values [B, G, C, Dh]; qk
+// [B, H+G, Dh]; v [B, G·Dh]. 16-bit rows into an fp32 cache (the paired layers' own kernel):
+// widened in one loop, exactly as the copies widen them; other dtypes by the copies.
+void write_position(const Tensor& keys, const Tensor& values, const Tensor& qk, const Tensor& v,
+                    int64_t n_q, int64_t pos) {
+  const int64_t b = keys.size(0), g = keys.size(1), dh = keys.size(3);
+  if (keys.scalar_type() != at::kFloat || values.scalar_type() != at::kFloat ||
+      qk.scalar_type() != at::kBFloat16 || v.scalar_type() != at::kBFloat16 ||
+      keys.stride(3) != 1 || values.stride(3) != 1 || !qk.is_contiguous() || v.stride(1) != 1) {
+    keys.select(2, pos).copy_(qk.narrow(1, n_q, g));  // [B,G,Dh]
+    values.select(2, pos).copy_(v.view({b, g, dh}));
+    return;
+  }
+  float* key_data = keys.mutable_data_ptr<float>() + pos * keys.stride(2);
+  float* value_data = values.mutable_data_ptr<float>() + pos * values.stride(2);
+  const at::BFloat16* k_rows = qk.const_data_ptr<at::BFloat16>() + n_q * dh;
+  const at::BFloat16* v_rows = v.const_data_ptr<at::BFloat16>();
+  for (int64_t row = 0; row < b; ++row) {
+    for (int64_t head = 0; head < g; ++head) {
+      float* key = key_data + row * keys.stride(0) + head * keys.stride(1);
+      float* value = value_data + row * values.stride(0) + head * values.stride(1);
+      const at::BFloat16* k = k_rows + (row * qk.size(1) + head) * dh;
+      const at::BFloat16* vh = v_rows + row * v.stride(0) + head * dh;
+      for (int64_t d = 0; d < dh; ++d) {
+        key[d] = static_cast<float>(k[d]);
+        value[d] = static_cast<float>(vh[d]);
+      }
+    }
+  }
+}
+
 // Every layer at fast position `pos`: x [B, D] -> [B, D] (TransformerBlock.decode_position).
 template <class Products>
 Tensor decode_position(Tensor x, int64_t pos, const Layers& layers, const Products& products) {
@@ -69,8 +100,7 @@ Tensor decode_position(Tensor x, int64_t pos, const Layers& layers, const Produc
     Tensor qkv = products.linear(normed, packed[0], layers.qkv_bias.get(l));
     Tensor v = qkv.narrow(-1, (n_q + n_kv) * dh, n_kv * dh);  // [B, G·Dh]
     Tensor qk = rotate_pairs_rounded(qkv, n_q + n_kv, dh, cos, sin);  // [B,H+G,Dh]
-    keys.select(2, pos).copy_(qk.narrow(1, n_q, n_kv));  // [B,G,Dh]
-    values.select(2, pos).copy_(v.view({b, n_kv, dh}));
+    write_position(keys, values, qk, v, n_q, pos);
     Tensor y;  // [B, H·Dh]
     if (!packed[0].is_mkldnn()) {  // paired layers: Attention.own_kernel
       y = position_attention(qk.narrow(1, 0, n_q), keys, values, pos, scale);
