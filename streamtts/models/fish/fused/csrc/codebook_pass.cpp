@@ -27,7 +27,6 @@ namespace {
 
 using at::Tensor;
 using streamtts_fused::check_layers;
-using streamtts_fused::EachProduct;
 using streamtts_fused::feed_forward_add;
 using streamtts_fused::head_outputs;
 using streamtts_fused::kNormsPerLayer;
@@ -149,39 +148,6 @@ Tensor sample(Tensor logits, const Tensor& temperature, const Tensor& top_p,
   return at::argmax(race, -1);
 }
 
-// What one pass reads besides its layers (codebook_pass's arguments).
-struct Pass {
-  const Layers& layers;
-  const Tensor &hidden, &code0, &final_norm, &output, &embeddings;
-  const Tensor &temperature, &top_p, &penalty;
-  const std::optional<Tensor>& windows;
-  const Tensor& noise;
-};
-
-// generate.fast_codes: hidden [B, D], code0 [B] int64 -> codebooks 1..C-1 [B, C-1] int64.
-template <class Products>
-Tensor make_codes(const Pass& pass, const Products& products) {
-  const Layers& layers = pass.layers;
-  const int64_t codebooks = layers.fast_k.size(3);
-  decode_position(pass.hidden, 0, layers, products);  // position 0: logits unused upstream
-  Tensor code = pass.code0;
-  std::vector<Tensor> codes;
-  codes.reserve(codebooks - 1);
-  for (int64_t k = 1; k < codebooks; ++k) {
-    // [B, D]
-    Tensor x = decode_position(at::embedding(pass.embeddings, code), k, layers, products);
-    Tensor normed = rms_norm(x, pass.final_norm, layers.eps);
-    Tensor logits = head_outputs(products.linear(normed, pass.output, std::nullopt),
-                                 pass.embeddings.size(0));  // [B, K]
-    std::optional<Tensor> window;
-    if (pass.windows.has_value()) window = pass.windows->select(1, k + 1);  // row k+1: codebook k
-    code = sample(logits, pass.temperature, pass.top_p, pass.penalty, window,
-                  pass.noise.select(1, k - 1));
-    codes.push_back(code);
-  }
-  return at::stack(codes, 1);
-}
-
 // generate.fast_codes: hidden [B, D], code0 [B] int64 -> codebooks 1..C-1 [B, C-1] int64.
 // windows [B, C+1, W] int64 or None; noise [B, C-1, K] in the model dtype. Where the layers and
 // the head are paired and the rows few, a product team makes the products (product_team.h).
@@ -206,24 +172,33 @@ Tensor codebook_pass(const Tensor& hidden, const Tensor& code0, at::TensorList n
                       n_kv,
                       dh,
                       eps};
-  const Pass pass{layers, hidden, code0, final_norm, output, embeddings, temperature,
-                  top_p, penalty, windows, noise};
-#if defined(__x86_64__) && defined(_OPENMP)
+  const int64_t codebooks = fast_k.size(3);
   // The products in the pass's order: every layer at position 0, then at each later position
   // every layer and the head.
   std::vector<Tensor> order;
-  for (int64_t pos = 0; pos < fast_k.size(3); ++pos) {
+  for (int64_t pos = 0; pos < codebooks; ++pos) {
     order.insert(order.end(), layers.packed.begin(), layers.packed.end());
     if (pos > 0) order.push_back(output);
   }
-  if (streamtts_fused::ProductTeam::applies(order, hidden.size(0))) {
-    streamtts_fused::ProductTeam team(std::move(order));
-    Tensor codes;
-    team.run([&] { codes = make_codes(pass, streamtts_fused::TeamProducts{team}); });
-    return codes;
-  }
-#endif
-  return make_codes(pass, EachProduct{});
+  auto pass = [&](const auto& products) {
+    decode_position(hidden, 0, layers, products);  // position 0: its logits are unused upstream
+    Tensor code = code0;
+    std::vector<Tensor> codes;
+    codes.reserve(codebooks - 1);
+    for (int64_t k = 1; k < codebooks; ++k) {
+      // [B, D]
+      Tensor x = decode_position(at::embedding(embeddings, code), k, layers, products);
+      Tensor logits = head_outputs(
+          products.linear(rms_norm(x, final_norm, eps), output, std::nullopt),
+          embeddings.size(0));  // [B, K]
+      std::optional<Tensor> window;
+      if (windows.has_value()) window = windows->select(1, k + 1);  // row k+1: codebook k
+      code = sample(logits, temperature, top_p, penalty, window, noise.select(1, k - 1));
+      codes.push_back(code);
+    }
+    return at::stack(codes, 1);
+  };
+  return streamtts_fused::with_products(std::move(order), hidden.size(0), pass);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "packed_ops.h"
 #include "row_tiles.h"
 
 #if defined(_OPENMP)
@@ -92,45 +93,21 @@ class ProductTeam {
     TORCH_CHECK(next_ < static_cast<int64_t>(weights_.size()) &&
                     packed.data_ptr() == weights_[next_].data_ptr(),
                 "ProductTeam: products out of the order given");
-    const int64_t tasks = packed.size(0), pairs = packed.size(1);
-    const int64_t out_features = tasks * kOutputsPerTask;
-    TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.size(-1) == 2 * pairs,
-                "ProductTeam: bf16 rows of ", 2 * pairs, " inputs expected");
-    const Tensor rows = x.reshape({-1, 2 * pairs}).contiguous();  // [M, K]
-    const int64_t m = rows.size(0);
-    TORCH_CHECK(m <= kMaxRowsPerTile, "ProductTeam: at most ", kMaxRowsPerTile, " rows");
-    std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-    out_shape.back() = out_features;
-    Tensor y = at::empty({m, out_features}, x.options());
-    Tensor residual_rows, bias32;  // [M, N] bf16, [N] fp32
-    if (residual.has_value()) {
-      TORCH_CHECK(residual->scalar_type() == at::kBFloat16 && residual->sizes() == out_shape,
-                  "ProductTeam: the residual must be bf16 of the output's shape");
-      residual_rows = residual->reshape({m, out_features}).contiguous();
-    }
-    if (bias.has_value()) {
-      TORCH_CHECK(bias->numel() == out_features, "ProductTeam: a bias of ", bias->numel(),
-                  " for ", out_features, " outputs");
-      bias32 = bias->to(at::kFloat).contiguous();
-    }
+    const RowProduct operands(x, packed, bias, residual);
+    TORCH_CHECK(operands.m <= kMaxRowsPerTile, "ProductTeam: at most ", kMaxRowsPerTile, " rows");
+    const int64_t tasks = operands.tasks;
     Job& job = jobs_[next_];
-    job.x = reinterpret_cast<const int32_t*>(rows.const_data_ptr());
-    job.rows = m;
-    job.bias = bias32.defined() ? bias32.const_data_ptr<float>() : nullptr;
-    job.residual = residual_rows.defined()
-                       ? reinterpret_cast<const uint16_t*>(residual_rows.const_data_ptr())
-                       : nullptr;
-    job.y = reinterpret_cast<uint16_t*>(y.mutable_data_ptr());
+    job.operands = &operands;
     job.ready.store(true, std::memory_order_release);
     // The caller's tasks from the first up; the helpers' from the last down (serve).
     for (int64_t mine = 0; job.claimed.fetch_add(1, std::memory_order_relaxed) < tasks; ++mine) {
-      run_job_task(next_, job, mine);
+      run_job_task(job, mine);
     }
     for (int64_t spins = 0; job.done.load(std::memory_order_acquire) < tasks; ++spins) {
       wait(spins);
     }
     ++next_;
-    return y.view(out_shape);
+    return operands.output();
   }
 
  private:
@@ -139,19 +116,11 @@ class ProductTeam {
     std::atomic<int64_t> claimed{0};   // tasks claimed, by anyone (may run past the count)
     std::atomic<int64_t> from_top{0};  // of them, the helpers'
     std::atomic<int64_t> done{0};      // tasks whose outputs are written
-    // Set by the caller before `ready`.
-    const int32_t* x = nullptr;  // [rows, K] as bf16 pairs
-    int64_t rows = 0;
-    const float* bias = nullptr;         // [N] or null
-    const uint16_t* residual = nullptr;  // [rows, N] or null
-    uint16_t* y = nullptr;               // [rows, N]
+    const RowProduct* operands = nullptr;  // set by the caller before `ready`
   };
 
-  void run_job_task(int64_t k, Job& job, int64_t task) {
-    const Tensor& w = weights_[k];
-    const auto* weights = reinterpret_cast<const __m512i*>(w.const_data_ptr());
-    run_task(kStreamedTiles, job.x, w.size(1), weights, task, job.rows,
-             w.size(0) * kOutputsPerTask, job.bias, job.residual, job.y);
+  static void run_job_task(Job& job, int64_t task) {
+    job.operands->run(kStreamedTiles, task);
     job.done.fetch_add(1, std::memory_order_release);
   }
 
@@ -200,7 +169,7 @@ class ProductTeam {
         }
       }
       while (job.claimed.fetch_add(1, std::memory_order_relaxed) < tasks) {
-        run_job_task(k, job, tasks - 1 - job.from_top.fetch_add(1, std::memory_order_relaxed));
+        run_job_task(job, tasks - 1 - job.from_top.fetch_add(1, std::memory_order_relaxed));
       }
     }
   }
@@ -225,5 +194,20 @@ struct TeamProducts {
 };
 
 #endif  // x86-64 with OpenMP
+
+// body(products): a pass whose products are those of `order`, made in that order, by a team
+// where one applies to `rows` rows here, else one at a time (EachProduct); the same bits.
+template <class Body>
+auto with_products(std::vector<Tensor> order, int64_t rows, const Body& body) {
+#if defined(__x86_64__) && defined(_OPENMP)
+  if (ProductTeam::applies(order, rows)) {
+    ProductTeam team(std::move(order));
+    decltype(body(EachProduct{})) result;
+    team.run([&] { result = body(TeamProducts{team}); });
+    return result;
+  }
+#endif
+  return body(EachProduct{});
+}
 
 }  // namespace streamtts_fused

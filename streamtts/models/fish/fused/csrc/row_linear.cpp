@@ -28,7 +28,6 @@ using at::Tensor;
 
 #if defined(__x86_64__)
 using streamtts_fused::kMaxRowsPerTile;
-using streamtts_fused::kOutputsPerTask;
 using streamtts_fused::kStreamedTiles;
 using streamtts_fused::kTiles;
 using streamtts_fused::TileFn;
@@ -42,51 +41,14 @@ Tensor product(const Tensor& x, const Tensor& packed, const std::optional<Tensor
                const std::optional<Tensor>& residual) {
   TORCH_CHECK(supported(), "row_linear: this CPU has no AVX512-BF16");
 #if defined(__x86_64__)
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
-              "row_linear: expected bf16 rows and weight");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kOutputsPerTask && packed.size(3) == 2 &&
-                  packed.is_contiguous(),
-              "row_linear: the weight is not in the pairs layout");
-  const int64_t tasks = packed.size(0), pairs = packed.size(1), k = 2 * pairs;
-  const int64_t out_features = tasks * kOutputsPerTask;
-  TORCH_CHECK(x.size(-1) == k, "row_linear: rows of ", x.size(-1), " for a weight of ", k,
-              " inputs");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0,
-              "row_linear: the weight is not 64-byte aligned");
-  Tensor rows = x.reshape({-1, k}).contiguous();
-  const int64_t m = rows.size(0);
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = out_features;
-  Tensor y = at::empty({m, out_features}, x.options());
-  Tensor residual_rows;  // [M, N]
-  if (residual.has_value()) {
-    TORCH_CHECK(residual->scalar_type() == at::kBFloat16 && residual->sizes() == out_shape,
-                "row_linear_add: the residual must be bf16 of the output's shape ",
-                c10::IntArrayRef(out_shape));
-    residual_rows = residual->reshape({m, out_features}).contiguous();
-  }
-  Tensor bias32;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->numel() == out_features, "row_linear: a bias of ", bias->numel(),
-                " for ", out_features, " outputs");
-    bias32 = bias->to(at::kFloat).contiguous();
-  }
-  const auto* xs = reinterpret_cast<const int32_t*>(rows.data_ptr());
-  const auto* ws = reinterpret_cast<const __m512i*>(packed.data_ptr());
-  const float* bs = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
-  auto* ys = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const auto* rs = residual_rows.defined()
-                       ? reinterpret_cast<const uint16_t*>(residual_rows.data_ptr())
-                       : nullptr;
-  const TileFn* tiles = m <= kMaxRowsPerTile ? kStreamedTiles : kTiles;
+  const streamtts_fused::RowProduct operands(x, packed, bias, residual);
+  const TileFn* tiles = operands.m <= kMaxRowsPerTile ? kStreamedTiles : kTiles;
   // One task per 64 outputs; its weights (64 x K x 2 bytes, 128 KB at K = 1024) stay in the
   // core's L2 while it takes every tile of rows, so memory reads each weight once.
-  at::parallel_for(0, tasks, 1, [&](int64_t first_task, int64_t end_task) {
-    for (int64_t t = first_task; t < end_task; ++t) {
-      streamtts_fused::run_task(tiles, xs, pairs, ws, t, m, out_features, bs, rs, ys);
-    }
+  at::parallel_for(0, operands.tasks, 1, [&](int64_t first_task, int64_t end_task) {
+    for (int64_t t = first_task; t < end_task; ++t) operands.run(tiles, t);
   });
-  return y.view(out_shape);
+  return operands.output();
 #else
   return Tensor();
 #endif

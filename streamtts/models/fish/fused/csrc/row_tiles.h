@@ -3,7 +3,11 @@
 // (product_team.h) alike, so both compute each output the same way.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "bf16x16.h"
 
@@ -14,6 +18,8 @@
 namespace streamtts_fused {
 
 #if defined(__x86_64__)
+
+using at::Tensor;
 
 constexpr int64_t kLanes = 16;                      // fp32 sums in one 512-bit register
 constexpr int64_t kBlocks = 4;                      // registers of outputs per task
@@ -87,22 +93,77 @@ constexpr TileFn kTiles[kMaxRowsPerTile + 1] = {nullptr, tile<1, false>, tile<2,
 constexpr TileFn kStreamedTiles[kMaxRowsPerTile + 1] = {nullptr, tile<1, true>, tile<2, true>,
                                                         tile<3, true>, tile<4, true>};
 
-// One task's outputs, task t's 64 of N, for all m rows of xs [m, K] (K = 2·pairs, as int32
-// pairs), in tiles of at most kMaxRowsPerTile rows: bias [N] fp32 or null, residual [m, N] bf16
-// or null, ys [m, N] bf16.
-inline void run_task(const TileFn* tiles, const int32_t* xs, int64_t pairs, const __m512i* ws,
-                     int64_t t, int64_t m, int64_t out_features, const float* bias,
-                     const uint16_t* residual, uint16_t* ys) {
-  const __m512i* wt = ws + t * pairs * kBlocks;
-  const int64_t first_output = t * kOutputsPerTask;
-  for (int64_t r = 0; r < m; r += kMaxRowsPerTile) {
-    const int rows_here = static_cast<int>(m - r < kMaxRowsPerTile ? m - r : kMaxRowsPerTile);
-    tiles[rows_here](xs + r * pairs, pairs, wt, pairs,
-                     bias != nullptr ? bias + first_output : nullptr,
-                     residual != nullptr ? residual + r * out_features + first_output : nullptr,
-                     ys + r * out_features + first_output, out_features);
+// A product's operands, checked and laid out as the tiles take them (what row_linear and the
+// product team both run): x [..., K] bf16 as rows [M, K]; packed [N/64, K/2, 64, 2] bf16,
+// 64-byte aligned; bias [N] in fp32, or none; residual [..., N] bf16 as rows [M, N], or none;
+// and the output y [M, N] bf16 that run() writes.
+struct RowProduct {
+  RowProduct(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias,
+             const std::optional<Tensor>& residual) {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
+                "row_linear: expected bf16 rows and weight");
+    TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kOutputsPerTask && packed.size(3) == 2 &&
+                    packed.is_contiguous(),
+                "row_linear: the weight is not in the pairs layout");
+    tasks = packed.size(0);
+    pairs = packed.size(1);
+    out_features = tasks * kOutputsPerTask;
+    TORCH_CHECK(x.size(-1) == 2 * pairs, "row_linear: rows of ", x.size(-1), " for a weight of ",
+                2 * pairs, " inputs");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0,
+                "row_linear: the weight is not 64-byte aligned");
+    rows_ = x.reshape({-1, 2 * pairs}).contiguous();
+    m = rows_.size(0);
+    out_shape.assign(x.sizes().begin(), x.sizes().end());
+    out_shape.back() = out_features;
+    y_ = at::empty({m, out_features}, x.options());
+    if (residual.has_value()) {
+      TORCH_CHECK(residual->scalar_type() == at::kBFloat16 && residual->sizes() == out_shape,
+                  "row_linear_add: the residual must be bf16 of the output's shape ",
+                  c10::IntArrayRef(out_shape));
+      residual_ = residual->reshape({m, out_features}).contiguous();
+    }
+    if (bias.has_value()) {
+      TORCH_CHECK(bias->numel() == out_features, "row_linear: a bias of ", bias->numel(),
+                  " for ", out_features, " outputs");
+      bias_ = bias->to(at::kFloat).contiguous();
+    }
+    xs_ = reinterpret_cast<const int32_t*>(rows_.const_data_ptr());
+    ws_ = reinterpret_cast<const __m512i*>(packed.const_data_ptr());
+    bs_ = bias_.defined() ? bias_.const_data_ptr<float>() : nullptr;
+    rs_ = residual_.defined() ? reinterpret_cast<const uint16_t*>(residual_.const_data_ptr())
+                              : nullptr;
+    ys_ = reinterpret_cast<uint16_t*>(y_.mutable_data_ptr());
   }
-}
+
+  // Task t's outputs (its 64 of N) for every row, in tiles of at most kMaxRowsPerTile rows.
+  void run(const TileFn* tiles, int64_t t) const {
+    const __m512i* wt = ws_ + t * pairs * kBlocks;
+    const int64_t first_output = t * kOutputsPerTask;
+    for (int64_t r = 0; r < m; r += kMaxRowsPerTile) {
+      const int rows_here = static_cast<int>(m - r < kMaxRowsPerTile ? m - r : kMaxRowsPerTile);
+      tiles[rows_here](xs_ + r * pairs, pairs, wt, pairs,
+                       bs_ != nullptr ? bs_ + first_output : nullptr,
+                       rs_ != nullptr ? rs_ + r * out_features + first_output : nullptr,
+                       ys_ + r * out_features + first_output, out_features);
+    }
+  }
+
+  // The output, once every task has run: [..., N].
+  Tensor output() const { return y_.view(out_shape); }
+
+  int64_t tasks = 0, pairs = 0, out_features = 0;
+  int64_t m = 0;  // rows
+  std::vector<int64_t> out_shape;
+
+ private:
+  Tensor rows_, y_, residual_, bias_;  // [M, K], [M, N], [M, N] or undefined, [N] fp32 or undefined
+  const int32_t* xs_ = nullptr;
+  const __m512i* ws_ = nullptr;
+  const float* bs_ = nullptr;
+  const uint16_t* rs_ = nullptr;
+  uint16_t* ys_ = nullptr;
+};
 
 #endif  // elsewhere no kernel: avx512_bf16() is false, and no weight is paired
 

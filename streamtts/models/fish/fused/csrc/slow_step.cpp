@@ -146,17 +146,9 @@ std::tuple<Tensor, Tensor> slow_step(
     // [B,V], [B,D]
     return {head(hidden, final_norm, output, embeddings, eps, products), hidden};
   };
-#if defined(__x86_64__) && defined(_OPENMP)
   std::vector<Tensor> order(packed.begin(), packed.end());  // the products in the step's order
   if (output.has_value()) order.push_back(*output);
-  if (streamtts_fused::ProductTeam::applies(order, b)) {
-    streamtts_fused::ProductTeam team(std::move(order));
-    std::tuple<Tensor, Tensor> result;
-    team.run([&] { result = step(streamtts_fused::TeamProducts{team}); });
-    return result;
-  }
-#endif
-  return step(EachProduct{});
+  return streamtts_fused::with_products(std::move(order), b, step);
 }
 
 // DualARTransformer.prefill: the prompt's tokens [C+1, S] at positions start_pos .. +S-1 of
